@@ -1,0 +1,169 @@
+"""The allocator contract, shared by the agent (agent/daemon.py) and the simulator (sim/).
+
+An allocator is **pure**: ``step(state, snapshot) -> Step``.  It never reads a
+clock, a socket or a BPF map; time, measurements, the peer view and the
+messages received since the last tick all arrive in the :class:`Snapshot`, and
+everything it wants done comes back in the :class:`Step`:
+
+* ``decision``: what the datapath enforces until the next tick (mode, local
+  limit, drop probability, byte allowance) plus ``publish``, the one number
+  gossiped to peers as an Update (a rate for GRD/GTB, a weight for FPS, a
+  performance indicator for GDRL ...);
+* ``outbox``: point-to-point messages (pairwise transfers and their acks,
+  lease requests and grants, quota reports) for the gossip layer to deliver;
+* ``state``: the allocator's next state, handed back on the next call.
+
+Write a new allocator as a frozen dataclass whose fields are its parameters,
+with ``name``, ``initial_state`` and ``step``, and register it in
+``agent/allocators/__init__.py``.  Units: rates are bytes/s, amounts of
+volume are bytes, times are seconds (see agent/units.py).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Union
+
+
+class Mode(enum.IntEnum):
+    """What the BPF program does with a class; values mirror MODE_* in bpf/limiter.h."""
+    PASS = 0
+    BUCKET = 1
+    DROP = 2
+
+
+@dataclass(frozen=True)
+class Local:
+    """This node's measurements for one class over the last estimate interval (agent/estimator.py)."""
+    demand_Bps: float                        # EWMA of arrivals: passed + dropped bytes
+    sent_Bps: float = 0.0                    # EWMA of passed bytes
+    flow_rates_Bps: tuple[float, ...] = ()   # EWMA rates of the sampled flows (FPS's sample set)
+    new_flows: int = 0                       # flows first seen during this interval
+    sent_total_bytes: int = 0                # passed bytes since the class was created (volume quotas)
+
+
+@dataclass(frozen=True)
+class PeerState:
+    node_id: str
+    value: float       # last published value (already loss-compensated by gossip)
+    alive: bool
+    age_s: float       # seconds since we last heard from it
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """What membership + gossip know of the other nodes, with the stale policy applied.
+
+    000_efbf5459a9d12355.txt §5.6: a stale peer's value counts as zero and the
+    effective global limit shrinks by 1/N per stale peer (see effective_limit).
+    """
+    members: tuple[str, ...]                 # every configured node id, self included, sorted
+    peers: Mapping[str, PeerState]           # the others (may be a lazy mapping in the simulator)
+    remote_sum: float                        # sum of alive peers' values; stale ones count 0
+    n_alive: int                             # alive peers, self excluded
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.members)
+
+    @property
+    def n_stale(self) -> int:
+        return self.n_nodes - 1 - self.n_alive
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Move ``amount`` of an allocator's resource (rate in B/s, or quota bytes) from src to dst.
+
+    ``link_total`` is the sender's link counter: everything it has ever moved to
+    dst, so a receiver can rebuild lost state (001_73ef86042f3cd4bf.txt link counters).
+    """
+    xfer_id: int
+    amount: float
+    link_total: float = 0.0
+
+
+@dataclass(frozen=True)
+class TransferAck:
+    xfer_id: int
+    accepted: bool = True
+    link_total: float = 0.0
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    want_Bps: float
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    capacity_Bps: float
+    ttl_s: float          # relative, so clocks need not agree
+    refresh_s: float
+
+
+@dataclass(frozen=True)
+class Report:
+    """Consumed and free amounts reported up a tree (DQMP's consumed-quota reports)."""
+    consumed: float
+    free: float
+
+
+Body = Union[Transfer, TransferAck, LeaseRequest, LeaseGrant, Report]
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A point-to-point message: ``dst`` on the way out, ``src`` on the way in."""
+    body: Body
+    dst: str = ""
+    src: str = ""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float                    # seconds, monotonic on the agent, simulated time in sim/
+    node_id: str
+    interval_s: float
+    global_Bps: float             # the configured global limit
+    local: Local
+    view: PeerView
+    inbox: tuple[Envelope, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    mode: Mode
+    limit_Bps: float
+    drop_probability: float = 0.0
+    publish: float = 0.0
+    quota_bytes: int | None = None            # byte allowance for the datapath, None = unlimited
+    info: Mapping[str, Any] = field(default_factory=dict)  # allocator state shown by drlctl status
+
+
+@dataclass(frozen=True)
+class Step:
+    state: Any
+    decision: Decision
+    outbox: tuple[Envelope, ...] = ()
+
+
+class Allocator(Protocol):
+    name: str
+
+    def initial_state(self, node_id: str, members: tuple[str, ...]) -> Any: ...
+
+    def step(self, state: Any, snap: Snapshot) -> Step: ...
+
+
+def effective_limit(snap: Snapshot) -> float:
+    """The global limit less 1/N for every stale peer (000_efbf5459a9d12355.txt §5.6)."""
+    view = snap.view
+    return snap.global_Bps * (1 + view.n_alive) / max(1, view.n_nodes)
+
+
+def ewma(previous: float | None, sample: float, weight: float) -> float:
+    """new = weight*previous + (1-weight)*sample; ``weight`` is the share kept from the past."""
+    if previous is None:
+        return sample
+    return weight * previous + (1.0 - weight) * sample
