@@ -1,0 +1,12 @@
+"""drl lab: the paper's experiments on network namespaces, one command each.
+
+    drl-lab list                       # the built-in experiments
+    drl-lab run baseline --duration 20 --out results/baseline
+    drl-lab run my-topology.toml       # a file of your own, same format
+
+Layers, each usable alone: ``spec`` (the TOML experiment format) ->
+``topology`` (names, addresses, routes and the commands that build them; pure)
+-> ``netns`` (execute and tear down) -> ``agents``/``traffic`` (processes in
+the namespaces) -> ``collector`` (samples) -> ``metrics`` -> ``plots``;
+``runner`` wires one run.  docs/lab.md documents the format and the naming.
+"""

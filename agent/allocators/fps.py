@@ -1,0 +1,167 @@
+"""FPS, flow proportional share (000_efbf5459a9d12355.txt §3.2.2, Fig. 2).
+
+    >>> from agent.allocators import create
+    >>> alloc = create("fps", ewma=0.1, regime_threshold=0.95)
+
+Each node enforces a token bucket whose rate is its share of the global limit L
+in proportion to a *weight*, the number of unbottlenecked TCP flows its demand
+is worth.  Every estimate interval (paper: 50 ms, 100 ms on PlanetLab; FPS is
+insensitive to it, §5.2) FPS-ESTIMATE runs:
+
+* regime 1, local demand meets the local limit (Fig. 2 lines 4-6): some flow is
+  unbottlenecked, the fastest sampled flow stands for one, and
+  weight = local limit / max flow rate;
+* regime 2, demand below the limit (lines 8-9): every flow is bottlenecked
+  elsewhere, and the weight is the one that makes line 10 give limit = demand:
+  weight = demand * remoteweights / (L - demand)  (the OCR of line 9 is garbled);
+* line 10: local limit = weight * L / (remoteweights + weight);
+* line 11: the weight is published to the peers.
+
+Choices where the paper leaves room, each explained at its code:
+
+* ``regime_threshold`` (0.95): regime 1 when demand >= 0.95 x the local limit.
+  A policed TCP aggregate's arrival rate hovers just *under* its limit (the
+  sawtooth, EWMA lag), so the paper's strict ">=" would misread unbottlenecked
+  aggregates as bottlenecked and cut their limit to their demand, again and
+  again.  The price: a bottlenecked aggregate whose limit comes within 5 % of
+  its demand re-enters regime 1 and probes for more, the oscillation §3.2.2
+  calls necessary (tests/unit/test_alloc_fps.py measures it on Fig. 7's case).
+* ``ewma`` (0.1): the paper's "1-second EWMA parameter" (§5.1, footnote 4),
+  applied to the weight ("we apply an EWMA to smooth this oscillation",
+  §3.2.2): the share of the old weight left after one second; a tick of
+  ``dt`` seconds keeps ewma**dt (0.891 at 50 ms).  0 = no smoothing.
+* ``min_flow_fraction`` (1e-4): sampled flows slower than this share of L are
+  discarded (the paper "discard[s] small flows from our set"), so a sample set
+  holding only trickles cannot claim a huge weight; it caps a node's weight at
+  1/min_flow_fraction flows (10,000; the paper's largest case is 3,500 flows at
+  one limiter, §5.6).  A limit below that same rate counts as zero for slow
+  start, which is why it must be above 0: a limit of exactly 0 would give
+  weight 0 / max flow rate = 0 for ever.
+* ``sample_probability`` (0.1): Fig. 2 FPS-HANDLE-PACKET's resampleprob, the
+  chance a packet of an untracked flow enters the datapath's flow table.  The
+  daemon hands it to the datapath; the allocator only reads the flow rates.
+* Line 10 is evaluated on the weights every node has seen: its own weight as
+  published last tick and the peers' as received.  Then the local limits sum
+  to L exactly whenever the nodes' views agree; with the freshly computed weight,
+  as Fig. 2 writes it, they would overshoot or undershoot by the change in
+  weights during every transient.  The cost is one interval of delay.
+* Slow start (§3.2.2, last paragraph): demand at a limiter whose limit is
+  (near) zero is one bottlenecked flow for its first interval: its limit is its
+  demand (at most L/N) and it publishes the line-9 weight for that demand,
+  unsmoothed, so the peers make room.  The datapath's zero-rate burst lets the
+  first packets through.  Only then do local limits sum to more than L.
+* Stale peers follow §5.6 through the view: their weights count as zero
+  (``view.remote_sum``) and L shrinks by 1/N each (``effective_limit``).
+
+The bucket depth is the datapath's (paper: 75,000 bytes, a little above the
+bandwidth-delay product, §5.1).  Local fields read: ``demand_Bps`` (arrivals,
+passed + dropped) and ``flow_rates_Bps`` (the sampled flows' rates).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Decision, Mode, Snapshot, Step, effective_limit, ewma
+from .common import check_range, kept_share
+
+UNBOTTLENECKED = "unbottlenecked"
+BOTTLENECKED = "bottlenecked"
+SLOW_START = "slow-start"
+
+
+@dataclass(frozen=True)
+class FpsState:
+    weight: float | None = None       # the weight published last tick; None before the first
+    limit_Bps: float | None = None    # the local limit enforced since last tick
+    now: float | None = None          # when that was decided (for the per-second EWMA)
+
+
+def proportional_share(weight: float, remote_weights: float, limit_Bps: float, n_sharing: int) -> float:
+    """FPS-ESTIMATE line 10: weight * L / (remoteweights + weight).
+
+    When nobody has any weight (an idle cluster) every node takes L / n_sharing,
+    the static split, which still sums to L across the nodes sharing it.
+    """
+    total = weight + remote_weights
+    if total <= 0.0:
+        return limit_Bps / n_sharing
+    return limit_Bps * (weight / total)     # this order: no underflow for tiny weights
+
+
+def bottlenecked_weight(demand_Bps: float, remote_weights: float, limit_Bps: float) -> float:
+    """FPS-ESTIMATE line 9: the weight for which line 10 gives local limit = demand.
+
+    Needs demand < L (regime 2 guarantees it).  With no remote weight any
+    positive weight would take all of L, so the bottlenecked demand claims none
+    and the limit comes from the idle split of ``proportional_share``.
+    """
+    if remote_weights <= 0.0:
+        return 0.0
+    return demand_Bps * remote_weights / (limit_Bps - demand_Bps)
+
+
+@dataclass(frozen=True)
+class FlowProportionalShare:
+    name: ClassVar[str] = "fps"
+    ewma: float = 0.1
+    sample_probability: float = 0.1
+    min_flow_fraction: float = 1e-4
+    regime_threshold: float = 0.95
+
+    def __post_init__(self) -> None:
+        check_range("ewma", self.ewma, 0.0, 1.0, high_open=True)
+        check_range("sample_probability", self.sample_probability, 0.0, 1.0, low_open=True)
+        check_range("min_flow_fraction", self.min_flow_fraction, 0.0, 1.0,
+                    low_open=True, high_open=True)
+        check_range("regime_threshold", self.regime_threshold, 0.0, 1.0, low_open=True)
+
+    def initial_state(self, node_id: str, members: tuple[str, ...]) -> FpsState:
+        return FpsState()
+
+    def step(self, state: FpsState, snap: Snapshot) -> Step:
+        limit_Bps = effective_limit(snap)                    # §5.6: L less 1/N per stale peer
+        remote = max(0.0, snap.view.remote_sum)              # line 8 (stale peers count 0)
+        n_sharing = 1 + snap.view.n_alive
+        # Line 10 on the weights everyone has seen (own as published last tick).
+        share_Bps = proportional_share(state.weight or 0.0, remote, limit_Bps, n_sharing)
+        current = share_Bps if state.limit_Bps is None else state.limit_Bps
+        demand = snap.local.demand_Bps                       # line 3
+
+        if demand > 0.0 and current < self.min_flow_fraction * limit_Bps:
+            # Slow start: new demand at a zero limit is one bottlenecked flow.
+            regime = SLOW_START
+            local_Bps = min(demand, limit_Bps / n_sharing)
+            ideal = bottlenecked_weight(local_Bps, remote, limit_Bps)
+            weight = ideal                                   # nothing to smooth it with
+        else:
+            regime, ideal = self._estimate(demand, current, snap, limit_Bps, remote)
+            keep = kept_share(self.ewma, self._elapsed(state, snap))
+            weight = ewma(state.weight, ideal, keep)
+            local_Bps = share_Bps
+
+        decision = Decision(mode=Mode.BUCKET, limit_Bps=local_Bps, publish=weight,  # line 11
+                            info={"regime": regime, "weight": weight, "ideal_weight": ideal,
+                                  "remote_weights": remote, "share_Bps": share_Bps})
+        return Step(state=FpsState(weight=weight, limit_Bps=local_Bps, now=snap.now), decision=decision)
+
+    def _estimate(self, demand: float, current: float, snap: Snapshot,
+                  limit_Bps: float, remote: float) -> tuple[str, float]:
+        """FPS-ESTIMATE lines 1-9: the regime and the ideal weight."""
+        # Line 4, with the tolerance explained in the module docstring.  A limit
+        # above L (a peer just went stale) is judged against L.
+        if demand <= 0.0 or demand < self.regime_threshold * min(current, limit_Bps):
+            return BOTTLENECKED, bottlenecked_weight(demand, remote, limit_Bps)   # lines 8-9
+        # Lines 5-6: the fastest sampled flow stands for an unbottlenecked one;
+        # flows below min_flow_fraction of L are discarded (§3.2.2).  An
+        # aggregate with no flow sampled yet counts as one flow.
+        floor = self.min_flow_fraction * limit_Bps
+        sampled = [rate for rate in snap.local.flow_rates_Bps if rate > 0.0 and rate >= floor]
+        if not sampled:
+            return UNBOTTLENECKED, 1.0
+        return UNBOTTLENECKED, current / max(sampled)
+
+    @staticmethod
+    def _elapsed(state: FpsState, snap: Snapshot) -> float:
+        """Seconds since the last step (the configured interval on the first)."""
+        return snap.interval_s if state.now is None else snap.now - state.now

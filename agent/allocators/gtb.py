@@ -1,0 +1,45 @@
+"""GTB, the global token bucket of 000_efbf5459a9d12355.txt §3.2.
+
+    >>> from agent.allocators import create
+    >>> alloc = create("gtb")
+
+The paper's bucket "refreshes tokens at the global rate limit, but removes
+tokens both when bytes arrive locally and to account for expected arrivals at
+other limiters", the latter at the sum of "the most recent values it has
+received".  Our datapath has a local bucket with one refill rate, so GTB is
+expressed as that rate: refill at L, drain at the others' reported rates, i.e.
+
+    local limit = max(0, global - sum of every peer's last reported arrival rate)
+
+Stale peers are *not* zeroed and the global limit is *not* cut by 1/N: GTB
+takes the values as they stand, which is exactly its weakness ("highly
+sensitive to stale observations that continue to remove tokens at an outdated
+rate", §3.2) and what the evaluation shows (§5.1, Fig. 3(b)).  It publishes its
+local arrival rate.  No parameters of its own: the estimate interval (paper:
+50 ms) and the estimator's EWMA (paper: 0.1; GTB only does well with none, §5.2)
+belong to the agent.  Bucket depth is the datapath's (paper: 75,000 bytes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import PeerView, Snapshot, Step
+from .common import bucket_step
+
+
+def reported_sum(view: PeerView) -> float:
+    """Every peer's last reported value, stale or not (GTB's "most recent values")."""
+    return sum(peer.value for peer in view.peers.values())
+
+
+@dataclass(frozen=True)
+class GlobalTokenBucket:
+    name: ClassVar[str] = "gtb"
+
+    def initial_state(self, node_id: str, members: tuple[str, ...]) -> None:
+        return None
+
+    def step(self, state: None, snap: Snapshot) -> Step:
+        remote_Bps = reported_sum(snap.view)
+        return bucket_step(snap.global_Bps - remote_Bps, snap, remote_Bps=remote_Bps)

@@ -1,0 +1,33 @@
+"""Static 1/N: every node enforces global / N, whatever the others do.
+
+    >>> from agent.allocators import create
+    >>> alloc = create("static")
+
+The baseline every paper compares against (000_efbf5459a9d12355.txt §5.7,
+Fig. 9(a): "a static 1/N limiting policy cannot take advantage of unused
+capacity at the other sites").  N is the *configured* number of nodes
+(``snap.view.n_nodes``), not the number alive: the policy ignores everyone, so
+a stale or dead peer changes nothing and the sum of limits never exceeds the
+global limit.  No parameters.  Mode BUCKET (token bucket at global/N; the
+datapath's bucket depth is its own setting, the paper uses 75,000 bytes, §5.1).
+It publishes the local arrival rate only so ``drlctl status`` and peers can
+show it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Snapshot, Step
+from .common import bucket_step
+
+
+@dataclass(frozen=True)
+class Static:
+    name: ClassVar[str] = "static"
+
+    def initial_state(self, node_id: str, members: tuple[str, ...]) -> None:
+        return None
+
+    def step(self, state: None, snap: Snapshot) -> Step:
+        return bucket_step(snap.global_Bps / max(1, snap.view.n_nodes), snap)

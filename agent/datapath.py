@@ -1,0 +1,402 @@
+"""The datapath: compile bpf/limiter.c with bcc, attach it at tc egress, talk to its maps.
+
+This is the only module that imports bcc.  Everything above it (agent/daemon.py)
+uses the small interface below, which a test double can implement too::
+
+    from agent.allocators.base import Mode
+    from agent.classes import parse_classes
+
+    with Datapath("eth0", parse_classes(["dport=80,proto=tcp"]), exempt_udp_ports=[7946]) as dp:
+        dp.set_class(0, Mode.BUCKET, rate_Bps=6.25e6, safe_rate_Bps=3e6, timeout_s=5)
+        ...
+        dp.read_counters()[0].passed_bytes
+
+Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
+
+* ``Datapath(iface, classes=(), *, max_flows=4096, exempt_udp_ports=(),
+  drop_action="stolen", zero_rate_burst=ZERO_RATE_BURST, netns=None)``
+  compiles and loads; class i matches ``classes[i]``; no classes = every IP
+  packet is class 0.  UDP to or from an exempt port is never policed.
+* ``attach()`` / ``detach()`` (or ``with``): idempotent; attach replaces our
+  filter (fixed prio/handle), detach removes exactly what attach added.
+* ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
+  safe_rate_Bps=None, timeout_s=None, quota_bytes=None)``: one write, stamped
+  with ``now_ns()``.  Until a class is set it passes everything.
+* ``set_sample_probability(p)``: chance that a new flow enters the flow table.
+* ``read_counters() -> dict[int, Counters]``, ``read_bypass() -> Counters``,
+  ``read_flows() -> list[FlowSample]``, ``discard_flows(keys)``,
+  ``read_quota(class_id) -> int | None``, ``now_ns()``, ``prog_fd`` (for bench stats).
+* ``default_burst(rate_Bps)``: the bucket depth used when burst_bytes is None.
+
+Every failure a user can cause raises :class:`DatapathError` with one line.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import ipaddress
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netns import popns, pushns
+
+from agent.allocators.base import Mode
+from agent.classes import PROTOCOLS, ClassRule
+
+try:
+    from bcc import BPF
+except ImportError:  # reported by Datapath() as a DatapathError
+    BPF = None
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+MAX_CLASSES = 64            # MAX_CLASSES in bpf/limiter.h
+MAX_RULES = 32              # MAX_RULES in bpf/limiter.h
+PROB_ONE = 1 << 32          # PROB_ONE in bpf/limiter.h
+UNLIMITED = 2**64 - 1       # UNLIMITED in bpf/limiter.h
+RULE_CLASS, RULE_EXEMPT = 0, 1
+DROP_ACTIONS = {"shot": 2, "stolen": 4}   # TC_ACT_SHOT, TC_ACT_STOLEN
+
+FILTER_PRIO = 0xD1       # our filter's identity at clsact egress: prio + handle + name
+FILTER_HANDLE = 0xD1
+FILTER_NAME = "drl_egress"
+EGRESS_PARENT = "ffff:fff3"
+
+# Bucket depth rule, measured in bench/README.md ("bucket depth"): a policer
+# has no queue, so cubic TCP needs the bucket to absorb its sawtooth: with
+# rate x 300 ms TCP gets >= 0.97 of tbf's goodput at 10-200 Mbit/s with 1-16
+# flows (x 100 ms: 0.78 of the rate with 4 flows; x 200 ms: 0.96 with 1).
+# Never less than 128 KiB, two 64 KiB GSO skbs.
+BURST_TIME_S = 0.300
+BURST_FLOOR = 128 * 1024
+# FPS slow start (000_efbf5459a9d12355.txt end of §3.2.2): 10 full frames a
+# second (TCP's initial window) still pass a class whose rate is 0.
+ZERO_RATE_BURST = 10 * 1514
+
+
+class DatapathError(RuntimeError):
+    """The datapath cannot be set up or used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Counters:
+    passed_bytes: int = 0
+    passed_packets: int = 0
+    dropped_bytes: int = 0
+    dropped_packets: int = 0
+
+
+@dataclass(frozen=True)
+class FlowKey:
+    family: int          # 4 or 6
+    proto: int
+    src: str
+    dst: str
+    sport: int           # 0 when not TCP/UDP
+    dport: int
+
+
+@dataclass(frozen=True)
+class FlowSample:
+    key: FlowKey
+    class_id: int
+    bytes: int           # passed the limiter
+    packets: int
+    first_ns: int
+    last_ns: int
+
+
+def default_burst(rate_Bps: float) -> int:
+    """Bucket depth for a rate: rate x 300 ms, at least 128 KiB."""
+    return max(BURST_FLOOR, int(rate_Bps * BURST_TIME_S))
+
+
+def now_ns() -> int:
+    """The clock of bpf_ktime_get_ns (CLOCK_MONOTONIC), for config timestamps."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+class Datapath:
+    """bpf/limiter.c loaded for one interface; see the module docstring."""
+
+    def __init__(self, iface: str, classes: Sequence[ClassRule] = (), *, max_flows: int = 4096,
+                 exempt_udp_ports: Iterable[int] = (), drop_action: str = "stolen",
+                 zero_rate_burst: int = ZERO_RATE_BURST, netns: str | None = None):
+        _check_privileges()
+        if drop_action not in DROP_ACTIONS:
+            raise DatapathError(f"drop action {drop_action!r}: use one of {', '.join(DROP_ACTIONS)}")
+        self.iface = iface
+        self.n_classes = max(1, len(classes))
+        self._zero_rate_burst = zero_rate_burst
+        self._quota_seq = 0
+        self._ipr, self._ifindex = _open_link(iface, netns)
+        self._bpf = _compile(max_flows, DROP_ACTIONS[drop_action])
+        self._fn = self._load()
+        self._attached = False
+        self._created_clsact = False
+        rules = [(r, RULE_EXEMPT, 0) for p in exempt_udp_ports for r in _exempt_rules(p)]
+        rules += [(r, RULE_CLASS, i) for i, r in enumerate(classes or [ClassRule()])]
+        self._write_rules(rules)
+        self.set_sample_probability(1.0)
+
+    # -- attach / detach ------------------------------------------------------
+
+    def attach(self) -> None:
+        """Add clsact (unless present) and our egress filter, replacing an earlier one of ours."""
+        try:
+            if not self._has_clsact():
+                self._ipr.tc("add", "clsact", self._ifindex)
+                self._created_clsact = True
+            self._ipr.tc("replace-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=EGRESS_PARENT,
+                         prio=FILTER_PRIO, fd=self._fn.fd, name=FILTER_NAME, direct_action=True)
+        except NetlinkError as e:
+            raise DatapathError(f"cannot attach to {self.iface}: {e.args[-1]} "
+                                "(kernel needs sch_ingress/clsact and cls_bpf)") from None
+        self._attached = True
+
+    def detach(self) -> None:
+        """Remove our filter, and the clsact qdisc if attach created it."""
+        if not self._attached:
+            return
+        if not self._has_clsact():  # removed under us (or the interface is gone): nothing left
+            self._attached = self._created_clsact = False
+            return
+        try:
+            try:
+                self._ipr.tc("del-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=EGRESS_PARENT,
+                             prio=FILTER_PRIO)
+            except NetlinkError as e:
+                if e.code != 2:  # ENOENT: someone removed our filter already
+                    raise
+            if self._created_clsact and not self._other_filters():
+                self._ipr.tc("del", "clsact", self._ifindex)
+        except NetlinkError as e:
+            raise DatapathError(f"cannot detach from {self.iface}: {e.args[-1]}") from None
+        self._attached = self._created_clsact = False
+
+    def close(self) -> None:
+        self.detach()
+        self._bpf.cleanup()
+        self._ipr.close()
+
+    def __enter__(self) -> "Datapath":
+        self.attach()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- configuration --------------------------------------------------------
+
+    def set_class(self, class_id: int, mode: Mode, rate_Bps: float = 0, burst_bytes: int | None = None,
+                  drop_probability: float = 0.0, safe_rate_Bps: float | None = None,
+                  timeout_s: float | None = None, quota_bytes: int | None = None) -> None:
+        """Write a class's config in one map update, stamped with now_ns().
+
+        burst_bytes None = default_burst(rate_Bps).  After timeout_s without a
+        new set_class the kernel enforces safe_rate_Bps (None = no limit).
+        quota_bytes: bytes the class may pass from now on (every call with a
+        number restarts the allowance); None = no quota.
+        """
+        self._check_class(class_id)
+        if rate_Bps < 0 or not 0.0 <= drop_probability <= 1.0:
+            raise DatapathError(f"class {class_id}: rate must be >= 0 and drop probability in [0, 1]")
+        cfg = self._bpf[b"config"].Leaf()
+        cfg.mode = int(Mode(mode))
+        cfg.rate_Bps = int(rate_Bps)
+        cfg.burst_bytes = int(burst_bytes if burst_bytes is not None else default_burst(rate_Bps))
+        cfg.drop_prob = round(drop_probability * PROB_ONE)
+        cfg.safe_rate_Bps = UNLIMITED if safe_rate_Bps is None else int(safe_rate_Bps)
+        cfg.safe_burst_bytes = default_burst(safe_rate_Bps or 0)
+        cfg.timeout_ns = 0 if not timeout_s else int(timeout_s * 1e9)
+        cfg.zero_rate_burst = self._zero_rate_burst
+        if quota_bytes is not None:
+            self._quota_seq = self._quota_seq % (2**32 - 1) + 1   # never 0: 0 means no quota
+            cfg.quota_seq, cfg.quota_bytes = self._quota_seq, int(quota_bytes)
+        cfg.updated_ns = now_ns()
+        self._bpf[b"config"][ct.c_int(class_id)] = cfg
+
+    def set_sample_probability(self, p: float) -> None:
+        """Chance that a packet of an untracked flow adds it to the flow table (FPS's resampleprob)."""
+        if not 0.0 <= p <= 1.0:
+            raise DatapathError(f"sample probability {p} is not in [0, 1]")
+        table = self._bpf[b"settings"]
+        s = table[ct.c_int(0)]
+        s.sample_prob = round(p * PROB_ONE)
+        table[ct.c_int(0)] = s
+
+    # -- reading --------------------------------------------------------------
+
+    def read_counters(self) -> dict[int, Counters]:
+        """Per class, summed over CPUs, since load."""
+        table = self._bpf[b"counters"]
+        return {i: _sum_cpus(table[ct.c_int(i)]) for i in range(self.n_classes)}
+
+    def read_bypass(self) -> Counters:
+        """Packets no class matched, exempt ones and non-IP (passed_* only)."""
+        return _sum_cpus(self._bpf[b"bypass"][ct.c_int(0)])
+
+    def read_flows(self) -> list[FlowSample]:
+        return [FlowSample(_decode_key(k), v.class_id, v.bytes, v.packets, v.first_ns, v.last_ns)
+                for k, v in self._bpf[b"flows"].items()]
+
+    def discard_flows(self, keys: Iterable[FlowKey]) -> None:
+        """Drop flows from the sample set (FPS resamples and discards small flows)."""
+        table = self._bpf[b"flows"]
+        for key in keys:
+            try:
+                del table[_encode_key(table.Key(), key)]
+            except KeyError:
+                pass
+
+    def read_quota(self, class_id: int) -> int | None:
+        """Bytes the class may still pass, None when it has no quota."""
+        self._check_class(class_id)
+        cfg = self._bpf[b"config"][ct.c_int(class_id)]
+        if not cfg.quota_seq:
+            return None
+        bucket = self._bpf[b"buckets"][ct.c_int(class_id)]
+        return bucket.quota_left if bucket.quota_seq == cfg.quota_seq else cfg.quota_bytes
+
+    @property
+    def prog_fd(self) -> int:
+        """The loaded program's fd (bench/datapath.py reads its run-time stats)."""
+        return self._fn.fd
+
+    now_ns = staticmethod(now_ns)
+
+    # -- internals ------------------------------------------------------------
+
+    def _load(self):
+        try:
+            return self._bpf.load_func(FILTER_NAME.encode(), BPF.SCHED_CLS)
+        except Exception as e:  # bcc raises bare Exception with the verifier log on stderr
+            raise DatapathError(f"kernel refused the BPF program: {str(e).splitlines()[0]}") from None
+
+    def _has_clsact(self) -> bool:
+        try:
+            return any(q.get_attr("TCA_KIND") == "clsact" for q in self._ipr.get_qdiscs(self._ifindex))
+        except NetlinkError:  # the interface is gone
+            return False
+
+    def _other_filters(self) -> bool:
+        """Did someone add filters to the clsact we created (then it stays)?"""
+        return any(f.get_attr("TCA_KIND") for parent in (0xFFFFFFF2, 0xFFFFFFF3)
+                   for f in self._ipr.get_filters(self._ifindex, parent=parent))
+
+    def _check_class(self, class_id: int) -> None:
+        if not 0 <= class_id < self.n_classes:
+            raise DatapathError(f"class {class_id} does not exist (have 0..{self.n_classes - 1})")
+
+    def _write_rules(self, rules: list[tuple[ClassRule, int, int]]) -> None:
+        if len(rules) > MAX_RULES:
+            raise DatapathError(f"{len(rules)} class and exempt rules, at most {MAX_RULES}")
+        if self.n_classes > MAX_CLASSES:
+            raise DatapathError(f"{self.n_classes} classes, at most {MAX_CLASSES}")
+        table = self._bpf[b"rules"]
+        for i, (rule, action, class_id) in enumerate(rules):
+            table[ct.c_int(i)] = _encode_rule(table.Leaf(), rule, action, class_id)
+        settings = self._bpf[b"settings"]
+        s = settings[ct.c_int(0)]
+        s.n_rules = len(rules)
+        settings[ct.c_int(0)] = s
+
+
+def _check_privileges() -> None:
+    if BPF is None:
+        raise DatapathError("bcc is not installed (Debian/Ubuntu: apt install python3-bpfcc)")
+    # CAP_NET_ADMIN (12) attaches the filter; CAP_BPF (39) or CAP_SYS_ADMIN (21) loads it.
+    caps = int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")), 16)
+    if not caps >> 12 & 1 or not (caps >> 39 & 1 or caps >> 21 & 1):
+        raise DatapathError("loading the datapath needs root (CAP_BPF and CAP_NET_ADMIN)")
+
+
+def _open_link(iface: str, netns: str | None) -> tuple[IPRoute, int]:
+    """An rtnetlink socket in netns (None = ours) and the interface's index there."""
+    if netns and not Path("/var/run/netns", netns).exists():  # pushns would create it
+        raise DatapathError(f"no network namespace {netns!r}")
+    try:
+        if netns:
+            pushns(netns)
+        try:
+            ipr = IPRoute()
+        finally:
+            if netns:
+                popns()
+    except OSError as e:
+        raise DatapathError(f"cannot enter network namespace {netns!r}: {e.strerror}") from None
+    found = ipr.link_lookup(ifname=iface)
+    if not found:
+        ipr.close()
+        where = f" in netns {netns}" if netns else ""
+        raise DatapathError(f"no interface {iface!r}{where}")
+    return ipr, found[0]
+
+
+def _compile(max_flows: int, drop_action: int):
+    if not 1 <= max_flows <= 1 << 24:
+        raise DatapathError(f"max_flows {max_flows} is not in 1..{1 << 24}")
+    cflags = [f"-I{BPF_DIR}", f"-DMAX_FLOWS={max_flows}", f"-DMAX_CLASSES={MAX_CLASSES}",
+              f"-DMAX_RULES={MAX_RULES}", f"-DDROP_ACTION={drop_action}"]
+    try:
+        return BPF(src_file=str(BPF_DIR / "limiter.c").encode(), cflags=cflags)
+    except Exception as e:  # bcc raises bare Exception; clang's messages went to stderr
+        headers = f"/lib/modules/{os.uname().release}/build"
+        raise DatapathError(f"cannot compile {BPF_DIR / 'limiter.c'} ({str(e).splitlines()[0]}); "
+                            f"kernel headers tried: {headers}") from None
+
+
+def _sum_cpus(per_cpu) -> Counters:
+    return Counters(*(sum(getattr(c, f) for c in per_cpu)
+                      for f in ("passed_bytes", "passed_packets", "dropped_bytes", "dropped_packets")))
+
+
+def _exempt_rules(port: int) -> list[ClassRule]:
+    """UDP to or from port: the agents' gossip, never policed."""
+    udp = PROTOCOLS["udp"]
+    return [ClassRule(proto=udp, dport=port), ClassRule(proto=udp, sport=port)]
+
+
+def _words(packed: bytes) -> list[int]:
+    """16 address bytes as the four __u32 the kernel compares (network order in memory)."""
+    return [int.from_bytes(packed[i:i + 4], sys.byteorder) for i in range(0, 16, 4)]
+
+
+def _net_words(net) -> tuple[list[int], list[int]]:
+    if net is None:
+        return [0] * 4, [0] * 4
+    pad = bytes(16 - len(net.network_address.packed))
+    return _words(net.network_address.packed + pad), _words(net.netmask.packed + pad)
+
+
+def _encode_rule(leaf, rule: ClassRule, action: int, class_id: int):
+    for name, net in (("src", rule.src), ("dst", rule.dst)):
+        addr, mask = _net_words(net)
+        getattr(leaf, name)[:] = addr
+        getattr(leaf, name + "_mask")[:] = mask
+    leaf.mark, leaf.mark_mask = (rule.mark, rule.mark_mask) if rule.mark is not None else (0, 0)
+    leaf.sport, leaf.dport = rule.sport or 0, rule.dport or 0
+    leaf.family, leaf.proto = rule.family, rule.proto or 0
+    leaf.action, leaf.class_id = action, class_id
+    return leaf
+
+
+def _addr(family: int, words) -> str:
+    packed = b"".join(int(w).to_bytes(4, sys.byteorder) for w in words)
+    return str(ipaddress.ip_address(packed[:4] if family == 4 else packed))
+
+
+def _decode_key(k) -> FlowKey:
+    return FlowKey(k.family, k.proto, _addr(k.family, k.src), _addr(k.family, k.dst), k.sport, k.dport)
+
+
+def _encode_key(leaf, key: FlowKey):
+    for name in ("src", "dst"):
+        packed = ipaddress.ip_address(getattr(key, name)).packed
+        getattr(leaf, name)[:] = _words(packed + bytes(16 - len(packed)))
+    leaf.family, leaf.proto, leaf.sport, leaf.dport = key.family, key.proto, key.sport, key.dport
+    return leaf

@@ -1,0 +1,89 @@
+"""Counters -> rates: the estimation step of 000_efbf5459a9d12355.txt §3.1.
+
+Every estimate interval the daemon hands the class's cumulative counters and
+the flow table to :meth:`Estimator.update`, which returns the
+:class:`~agent.allocators.base.Local` an allocator consumes::
+
+    est = Estimator(ewma=0.1)
+    local = est.update(now_s, counters, flows)   # Local(demand_Bps=..., flow_rates_Bps=...)
+
+The paper computes "the average arrival rate over fixed time intervals and
+applies a standard EWMA filter"; ``ewma`` is the weight kept from the previous
+estimate (0 = no filter, the paper sweeps 0..0.75).  Demand is arrivals, i.e.
+passed + dropped bytes: what the traffic asked for, not what we let through.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+from agent.allocators.base import Local, ewma as smooth
+
+# A flow whose last packet is older than this many intervals has ended (or
+# been evicted): it no longer stands for demand.
+IDLE_INTERVALS = 3
+
+
+class CounterSample(Protocol):
+    passed_bytes: int
+    dropped_bytes: int
+
+
+class FlowRecord(Protocol):
+    key: object
+    bytes: int
+    first_ns: int
+    last_ns: int
+
+
+@dataclass
+class _FlowRate:
+    bytes: int
+    rate_Bps: float
+
+
+@dataclass
+class Estimator:
+    ewma: float = 0.1
+    _last_s: float | None = None
+    _last_arrived: int = 0
+    _last_passed: int = 0
+    _demand: float | None = None
+    _sent: float | None = None
+    _flows: dict = field(default_factory=dict)
+
+    def update(self, now_s: float, counters: CounterSample,
+               flows: Iterable[FlowRecord] = (), now_ns: int | None = None) -> Local:
+        arrived = counters.passed_bytes + counters.dropped_bytes
+        if self._last_s is None or now_s <= self._last_s:
+            self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
+            self._flows = {f.key: _FlowRate(f.bytes, 0.0) for f in flows}
+            return Local(demand_Bps=0.0, sent_Bps=0.0, sent_total_bytes=counters.passed_bytes)
+        dt = now_s - self._last_s
+        self._demand = smooth(self._demand, (arrived - self._last_arrived) / dt, self.ewma)
+        self._sent = smooth(self._sent, (counters.passed_bytes - self._last_passed) / dt, self.ewma)
+        new_flows = self._update_flows(flows, dt, now_ns)
+        self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
+        rates = sorted((f.rate_Bps for f in self._flows.values() if f.rate_Bps > 0), reverse=True)
+        return Local(demand_Bps=self._demand, sent_Bps=self._sent, flow_rates_Bps=tuple(rates),
+                     new_flows=new_flows, sent_total_bytes=counters.passed_bytes)
+
+    def _update_flows(self, flows: Iterable[FlowRecord], dt: float, now_ns: int | None) -> int:
+        """Per-flow EWMA rates from byte deltas; returns how many flows are new."""
+        idle_ns = int(IDLE_INTERVALS * dt * 1e9)
+        seen: dict = {}
+        new = 0
+        for f in flows:
+            if now_ns is not None and now_ns - f.last_ns > idle_ns:
+                continue
+            old = self._flows.get(f.key)
+            if old is None:
+                new += 1
+                # A flow first seen now counts its bytes since its first packet.
+                span = dt if now_ns is None else max(min(dt, (now_ns - f.first_ns) / 1e9), 1e-3)
+                seen[f.key] = _FlowRate(f.bytes, f.bytes / span)
+            else:
+                delta = max(0, f.bytes - old.bytes)
+                seen[f.key] = _FlowRate(f.bytes, smooth(old.rate_Bps, delta / dt, self.ewma))
+        self._flows = seen
+        return new

@@ -1,0 +1,111 @@
+"""Who is alive, what each peer last published, and the PeerView the allocators see.
+
+    members = Membership("n1", transport.peer_addrs, liveness_timeout(0.1, n_peers=4, fanout=2))
+    for rx in transport.poll(now):
+        members.observe(rx, now)
+    view = members.view(class_id, now)        # agent/allocators/base.py PeerView
+    members.status(now)                       # rows for drlctl status
+
+N is fixed by configuration: this node plus one slot per configured peer
+address.  A slot takes the node id of whoever authenticates from that address
+(agent/gossip.py checked MAC, replay and incarnation before we see it); until
+then it is a placeholder ``?host:port``, stale.  Any accepted datagram (update,
+heartbeat, point-to-point message) is a sign of life.
+
+The stale policy is the paper's conservative one (000_efbf5459a9d12355.txt §5.6):
+a peer not heard from for ``timeout_s`` counts with value 0 and is left out of
+``n_alive``, so ``effective_limit`` (base.py) drops the global limit by 1/N for
+it; when it is heard again it counts again.  A restarted peer (higher
+incarnation) starts with no values: only what it publishes in its new life counts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .allocators.base import PeerState, PeerView
+from .gossip import Addr, Received, format_addr
+from .wire import Update
+
+
+def liveness_timeout(interval_s: float, n_peers: int, fanout: int, misses: int = 3) -> float:
+    """Silence after which a peer is stale: ``misses`` gossip cycles of ceil(n_peers/fanout)
+    intervals.  A peer reaches us at least once per 2 cycles (gossip.py shuffled round
+    robin), so the default survives a lost update; a full mesh times out after 3 intervals."""
+    return interval_s * misses * max(1, math.ceil(n_peers / max(1, fanout)))
+
+
+@dataclass
+class _Slot:
+    addr: Addr
+    node_id: str = ""
+    incarnation: int = 0
+    last_seen: float = -math.inf
+    lost: int = 0
+    values: dict[int, tuple[int, float]] = field(default_factory=dict)   # class -> (seq, value)
+
+    def name(self) -> str:
+        return self.node_id or "?" + format_addr(self.addr)
+
+
+class Membership:
+    def __init__(self, node_id: str, peer_addrs: Sequence[Addr], timeout_s: float) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"liveness timeout must be > 0 s, got {timeout_s}")
+        self.node_id, self.timeout_s = node_id, timeout_s
+        self._slots = {addr: _Slot(addr) for addr in peer_addrs}
+
+    @property
+    def n_nodes(self) -> int:
+        return 1 + len(self._slots)
+
+    def observe(self, rx: Received, now: float) -> None:
+        """Record one accepted datagram (from gossip; unknown addresses are ignored)."""
+        slot = self._slots.get(rx.addr)
+        if slot is None:
+            return
+        h = rx.header
+        if h.node != slot.node_id:
+            slot = self._claim(rx.addr, h.node)
+        if h.incarnation > slot.incarnation:
+            slot.incarnation, slot.values = h.incarnation, {}
+        slot.last_seen = max(slot.last_seen, now)
+        slot.lost += rx.gap
+        if isinstance(rx.payload, Update):
+            # newest wins: a reordered older update never overwrites (see gossip.py on compensation)
+            seq, _ = slot.values.get(h.class_id, (0, 0.0))
+            if h.seq > seq:
+                slot.values[h.class_id] = (h.seq, rx.payload.value)
+
+    def _claim(self, addr: Addr, node_id: str) -> _Slot:
+        """A new node id at ``addr``: forget the old one, and the id's old address."""
+        for other, slot in self._slots.items():
+            if slot.node_id == node_id:
+                self._slots[other] = _Slot(other)
+        slot = self._slots[addr] = _Slot(addr, node_id)
+        return slot
+
+    def _alive(self, slot: _Slot, now: float) -> bool:
+        return now - slot.last_seen <= self.timeout_s
+
+    def view(self, class_id: int, now: float) -> PeerView:
+        """The allocator's view of ``class_id``: stale peers count 0 and are not in n_alive."""
+        peers = {}
+        remote_sum, n_alive = 0.0, 0
+        for slot in self._slots.values():
+            alive = self._alive(slot, now)
+            value = slot.values.get(class_id, (0, 0.0))[1] if alive else 0.0
+            peers[slot.name()] = PeerState(slot.name(), value, alive, now - slot.last_seen)
+            remote_sum += value
+            n_alive += alive
+        return PeerView(members=tuple(sorted([self.node_id, *peers])), peers=peers,
+                        remote_sum=remote_sum, n_alive=n_alive)
+
+    def status(self, now: float) -> list[dict]:
+        """One row per peer for drlctl status: node_id, address, state, last_seen_s, lost."""
+        return [{"node_id": slot.name(), "address": format_addr(slot.addr),
+                 "state": "alive" if self._alive(slot, now) else "stale",
+                 "last_seen_s": None if slot.last_seen == -math.inf else now - slot.last_seen,
+                 "incarnation": slot.incarnation, "lost": slot.lost}
+                for slot in self._slots.values()]

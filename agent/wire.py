@@ -1,0 +1,230 @@
+"""The authenticated wire codec: typed messages <-> datagrams (schema: agent/drl.proto).
+
+    >>> key = b"0123456789abcdef0123456789abcdef"
+    >>> h = Header(cluster="prod", node="n1", class_id=1, seq=1, sent_at=0.0, incarnation=7)
+    >>> data = encode(Message(h, Update(1250000.0)), key)
+    >>> decode(data, key, "prod").payload
+    Update(value=1250000.0)
+    >>> decode(data[:-1] + b"x", key, "prod")
+    <Reason.FORGED: 'forged'>
+
+A datagram is the serialized ``Datagram`` followed by HMAC-SHA256 over it with the
+cluster key (``key=None`` is the explicit insecure mode: no tag, nothing verified).
+``decode`` never raises: bad input comes back as a :class:`Reason`, which the
+receive path counts (agent/gossip.py ``Stats.rejected``).  The MAC is checked
+before the protobuf parser ever sees the bytes, so unauthenticated input only
+costs one HMAC.  Replays are caught statefully by :class:`SeqWindow`, one per
+(sender, incarnation), in agent/gossip.py.
+
+``load_key(path)`` reads the cluster key file; every problem is one
+:class:`KeyFileError` with a one-line message.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hmac
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Union
+
+from google.protobuf.message import DecodeError
+
+from . import drl_pb2
+from .allocators.base import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
+
+VERSION = 1
+TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first (an update is 103 B with it)
+MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
+MIN_KEY_BYTES = 16
+
+log = logging.getLogger("drl.wire")
+
+
+class Reason(str, enum.Enum):
+    """Why a datagram was dropped; each is a counter in gossip.Stats.rejected."""
+    OVERSIZED = "oversized"            # longer than MAX_DATAGRAM
+    TRUNCATED = "truncated"            # too short to hold a tag and a header
+    FORGED = "forged"                  # MAC does not verify (wrong key, tampering)
+    GARBAGE = "garbage"                # authenticated (or insecure) but not a well-formed Datagram
+    UNKNOWN_VERSION = "unknown_version"
+    WRONG_CLUSTER = "wrong_cluster"
+    UNKNOWN_PEER = "unknown_peer"      # source address not in the configured peer list
+    LOOP = "loop"                      # our own node id: the peer list names this node
+    WRONG_DST = "wrong_dst"            # addressed to another node id (cross-link replay)
+    OLD_INCARNATION = "old_incarnation"  # from a previous life of a restarted peer
+    REPLAYED = "replayed"              # sequence number already seen or left of the window
+    QUEUE_FULL = "queue_full"          # receive queue full this poll
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    cluster: str
+    node: str
+    seq: int
+    incarnation: int
+    sent_at: float
+    class_id: int = 0
+    dst: str = ""
+    version: int = VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """The value an allocator publishes each interval (Decision.publish)."""
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Sent instead of updates when there is nothing to publish: keeps us alive at peers."""
+
+
+Payload = Union[Update, Heartbeat, Body]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    header: Header
+    payload: Payload
+
+
+# oneof field name <-> Python class; every field of the class has a same-named proto field.
+_KINDS: dict[str, type] = {
+    "update": Update, "heartbeat": Heartbeat, "transfer": Transfer, "transfer_ack": TransferAck,
+    "lease_request": LeaseRequest, "lease_grant": LeaseGrant, "report": Report,
+}
+_KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
+_HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(Header))
+
+
+def _tag(key: bytes, body: bytes) -> bytes:
+    return hmac.digest(key, body, "sha256")
+
+
+def encode(msg: Message, key: bytes | None) -> bytes:
+    """Serialize and authenticate ``msg``; ``key=None`` only in insecure mode."""
+    dg = drl_pb2.Datagram()
+    for name in _HEADER_FIELDS:
+        setattr(dg.header, name, getattr(msg.header, name))
+    cls = type(msg.payload)
+    sub = getattr(dg, _KIND_OF[cls])
+    sub.SetInParent()                    # selects the oneof even when every field is default
+    for name in _FIELDS[cls]:
+        setattr(sub, name, getattr(msg.payload, name))
+    body = dg.SerializeToString()
+    return body if key is None else body + _tag(key, body)
+
+
+def _body(data: bytes, key: bytes | None) -> bytes | Reason:
+    """Size checks and MAC verification, before any parsing."""
+    if len(data) > MAX_DATAGRAM:
+        return Reason.OVERSIZED
+    if key is None:
+        return data if data else Reason.TRUNCATED
+    if len(data) <= TAG_BYTES:
+        return Reason.TRUNCATED
+    body, tag = data[:-TAG_BYTES], data[-TAG_BYTES:]
+    if not hmac.compare_digest(tag, _tag(key, body)):
+        return Reason.FORGED
+    return body
+
+
+def _parse(body: bytes) -> Message | None:
+    dg = drl_pb2.Datagram()
+    try:
+        dg.ParseFromString(body)
+    except (DecodeError, RuntimeWarning, ValueError):
+        return None
+    kind = dg.WhichOneof("payload")
+    if kind is None or not dg.HasField("header"):
+        return None
+    cls = _KINDS[kind]
+    sub = getattr(dg, kind)
+    values = [getattr(sub, name) for name in _FIELDS[cls]]
+    # A NaN or inf would poison every sum it enters; no allocator publishes one.
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        return None
+    header = Header(**{name: getattr(dg.header, name) for name in _HEADER_FIELDS})
+    if not header.node or header.seq == 0 or not math.isfinite(header.sent_at):
+        return None
+    return Message(header, cls(*values))
+
+
+def decode(data: bytes, key: bytes | None, cluster: str) -> Message | Reason:
+    """Verify and parse one datagram; never raises.  Replays are SeqWindow's job."""
+    body = _body(data, key)
+    if isinstance(body, Reason):
+        return body
+    msg = _parse(body)
+    if msg is None:
+        return Reason.GARBAGE
+    if msg.header.version != VERSION:
+        return Reason.UNKNOWN_VERSION
+    if msg.header.cluster != cluster:
+        return Reason.WRONG_CLUSTER
+    return msg
+
+
+class SeqWindow:
+    """Anti-replay sliding window over one sender's sequence numbers (RFC 4303 §3.4.3).
+
+    ``accept(seq)`` returns None for a replay (seen, or left of the window), else the
+    change in the count of lost datagrams: the gap jumped over when ``seq`` is the
+    newest yet (000_efbf5459a9d12355.txt §4.2: the sequence number tells the
+    receiver an update was lost), -1 when a datagram counted lost arrives late,
+    0 otherwise.  The first seq seen starts the window: nothing before it is lost
+    or accepted.
+    """
+    __slots__ = ("top", "bits")
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self.top = 0          # highest seq accepted; 0 = nothing yet (valid seqs start at 1)
+        self.bits = 0         # bit i set = seq (top - i) seen
+
+    def accept(self, seq: int) -> int | None:
+        if self.top == 0:      # start here; anything older counts as seen (it is superseded)
+            self.top, self.bits = seq, (1 << self.SIZE) - 1
+            return 0
+        if seq > self.top:
+            shift = seq - self.top
+            self.bits = ((self.bits << shift) | 1) & ((1 << self.SIZE) - 1)
+            self.top = seq
+            return shift - 1
+        offset = self.top - seq
+        if offset >= self.SIZE or self.bits >> offset & 1:
+            return None
+        self.bits |= 1 << offset
+        return -1
+
+
+class KeyFileError(Exception):
+    """The cluster key file cannot be used; the message is one line for the CLI."""
+
+
+def load_key(path: str | os.PathLike) -> bytes:
+    """The cluster key: the file's bytes without surrounding whitespace.
+
+    Make one with ``head -c 32 /dev/urandom | base64 > drl.key && chmod 600 drl.key``
+    and give every node the same file.
+    """
+    try:
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            key = f.read().strip()
+    except FileNotFoundError:
+        raise KeyFileError(f"key file {path} does not exist (make one: "
+                           f"head -c 32 /dev/urandom | base64 > {path})") from None
+    except OSError as e:
+        raise KeyFileError(f"key file {path} is not readable: {e.strerror}") from None
+    if not key:
+        raise KeyFileError(f"key file {path} is empty")
+    if len(key) < MIN_KEY_BYTES:
+        raise KeyFileError(f"key file {path} holds {len(key)} bytes; need at least {MIN_KEY_BYTES}")
+    if mode & 0o004:
+        log.warning("key file %s is readable by every user; chmod 600 it", path)
+    return key

@@ -1,0 +1,259 @@
+/* drl's datapath: a tc egress classifier (clsact, direct-action) for IPv4/IPv6.
+ *
+ * Every packet goes classify -> police -> count -> sample, from map state
+ * alone: the kernel never waits for Python (design.md).  agent/datapath.py
+ * compiles this file with bcc, attaches it at egress, writes `rules`,
+ * `settings` and `config`, and reads `counters`, `bypass` and `flows`.
+ * Layouts of every map value are in limiter.h.
+ */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
+#include <uapi/linux/udp.h>
+#include "limiter.h"
+
+#define NS_PER_S 1000000000ULL
+
+BPF_ARRAY(settings, struct settings, 1);                 /* agent writes; classify, sample read */
+BPF_ARRAY(rules, struct rule, MAX_RULES);                /* agent writes; classify reads */
+BPF_ARRAY(config, struct class_config, MAX_CLASSES);     /* agent writes; police reads */
+BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locked); agent reads quota */
+BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
+BPF_PERCPU_ARRAY(bypass, struct counters, 1);            /* count writes; agent sums CPUs */
+BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* sample writes; agent reads */
+
+/* Fill k from the headers; < 0 for non-IP.  Ports stay 0 for other
+ * protocols, IP fragments and IPv6 extension headers (not walked). */
+static __always_inline int parse(struct __sk_buff *skb, struct flow_key *k)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct udphdr *l4;
+
+	if ((void *)(eth + 1) > end)
+		return -1;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > end)
+			return -1;
+		k->family = 4;
+		k->proto = ip->protocol;
+		k->src[0] = ip->saddr;
+		k->dst[0] = ip->daddr;
+		if (ip->frag_off & bpf_htons(0x3fff))  /* MF or offset: no ports */
+			return 0;
+		l4 = (void *)ip + ip->ihl * 4;
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		k->family = 6;
+		k->proto = ip6->nexthdr;
+		__builtin_memcpy(k->src, &ip6->saddr, 16);
+		__builtin_memcpy(k->dst, &ip6->daddr, 16);
+		l4 = (void *)(ip6 + 1);
+	} else {
+		return -1;
+	}
+	/* TCP and UDP both start with the two ports. */
+	if ((k->proto == IPPROTO_TCP || k->proto == IPPROTO_UDP) && (void *)l4 + 4 <= end) {
+		k->sport = bpf_ntohs(l4->source);
+		k->dport = bpf_ntohs(l4->dest);
+	}
+	return 0;
+}
+
+static __always_inline int addr_in(const __u32 *a, const __u32 *net, const __u32 *mask)
+{
+	return ((a[0] & mask[0]) == net[0]) & ((a[1] & mask[1]) == net[1]) &
+	       ((a[2] & mask[2]) == net[2]) & ((a[3] & mask[3]) == net[3]);
+}
+
+static __always_inline int rule_matches(const struct rule *r, const struct flow_key *k, __u32 mark)
+{
+	if ((r->family && r->family != k->family) || (r->proto && r->proto != k->proto))
+		return 0;
+	if ((r->sport && r->sport != k->sport) || (r->dport && r->dport != k->dport))
+		return 0;
+	if ((mark & r->mark_mask) != r->mark)
+		return 0;
+	return addr_in(k->src, r->src, r->src_mask) && addr_in(k->dst, r->dst, r->dst_mask);
+}
+
+/* The first matching rule, or NULL (bypass).  The loader puts exempt rules
+ * first, so gossip is never policed whatever the class rules say. */
+static __always_inline struct rule *classify(const struct settings *s, const struct flow_key *k, __u32 mark)
+{
+	for (__u32 i = 0; i < MAX_RULES; i++) {
+		if (i >= s->n_rules)
+			break;
+		struct rule *r = rules.lookup(&i);
+		if (r && rule_matches(r, k, mark))
+			return r;
+	}
+	return NULL;
+}
+
+/* The bytes the limit counts: the L2 frame as the kernel's qdiscs (tbf)
+ * count it, qdisc_skb_cb(skb)->pkt_len = skb->len + (gso_segs - 1) * header
+ * length.  So a GSO skb is charged for every frame it becomes on the wire,
+ * Ethernet header included, FCS and preamble not (bench/README.md). */
+static __always_inline __u64 wire_bytes(struct __sk_buff *skb)
+{
+	return skb->wire_len;
+}
+
+/* Refill from the clock and take cost for len bytes; 1 = conforming.
+ * Tokens are kept as time credit like sch_tbf (credit_ns, capped at the time
+ * the bucket takes to fill), so refill needs no multiply that could overflow
+ * and a packet's cost is exact to the nanosecond.  A GSO skb passes or drops
+ * whole (it is one skb until the driver splits it), so a packet passes while
+ * any credit is left and may take the bucket into debt: a 64 KiB GSO skb is
+ * never starved by a bucket that small packets keep from filling up, and the
+ * long-run rate stays exact (bench/README.md, "bucket depth"). */
+static __always_inline int take_tokens(struct bucket *b, __u64 rate, __u64 burst, __u64 len, __u64 now)
+{
+	__s64 full_ns;
+
+	if (rate == 0)
+		return 0;
+	full_ns = burst * NS_PER_S / rate;
+	if (now > b->last_ns) {  /* another CPU may have refilled at a later now */
+		b->credit_ns += now - b->last_ns;
+		b->last_ns = now;
+	}
+	if (b->credit_ns > full_ns)
+		b->credit_ns = full_ns;
+	if (b->credit_ns <= 0)
+		return 0;
+	b->credit_ns -= len * NS_PER_S / rate;
+	return 1;
+}
+
+/* Take len bytes from the class's allowance (volume quota); 1 = allowed.
+ * quota_seq 0 means no quota; a new quota_seq from the agent reloads the
+ * allowance with quota_bytes.  Caller holds b->lock. */
+static __always_inline int take_quota(struct bucket *b, const struct class_config *c, __u64 len)
+{
+	if (!c->quota_seq)
+		return 1;
+	if (b->quota_seq != c->quota_seq) {
+		b->quota_seq = c->quota_seq;
+		b->quota_left = c->quota_bytes;
+	}
+	if (b->quota_left < len)
+		return 0;
+	b->quota_left -= len;
+	return 1;
+}
+
+/* 1 to pass the packet, 0 to drop it. */
+static __always_inline int police(__u32 class_id, __u64 len, __u64 now)
+{
+	struct class_config *c = config.lookup(&class_id);
+	struct bucket *b = buckets.lookup(&class_id);
+	__u64 rate, burst;
+	__u32 mode;
+	int ok = 1;
+
+	if (!c || !b)
+		return 1;
+	mode = c->mode;
+	rate = c->rate_Bps;
+	burst = c->burst_bytes;
+	/* Fail-safe: the agent stopped refreshing the config, so its decision is
+	 * stale; enforce the safe rate by ourselves (the lease of
+	 * 002_0c321af71fa102a7.txt, "safe" policy). */
+	if (c->timeout_ns && now > c->updated_ns + c->timeout_ns) {
+		mode = c->safe_rate_Bps == UNLIMITED ? MODE_PASS : MODE_BUCKET;
+		rate = c->safe_rate_Bps;
+		burst = c->safe_burst_bytes;
+	}
+	/* GRD: drop with the probability the allocator computed
+	 * (000_efbf5459a9d12355.txt Fig. 1, lines 4-6). */
+	if (mode == MODE_DROP && (__u64)bpf_get_prandom_u32() < c->drop_prob)
+		return 0;
+	/* FPS slow start: a rate-0 bucket still lets zero_rate_burst bytes per
+	 * second through, so a new flow's SYN and first packets get out
+	 * (000_efbf5459a9d12355.txt end of §3.2.2). */
+	if (mode == MODE_BUCKET && rate == 0) {
+		rate = c->zero_rate_burst;
+		burst = c->zero_rate_burst;
+	}
+	if (mode != MODE_BUCKET && !c->quota_seq)
+		return 1;
+	bpf_spin_lock(&b->lock);
+	if (mode == MODE_BUCKET)
+		ok = take_tokens(b, rate, burst, len, now);
+	if (ok)
+		ok = take_quota(b, c, len);
+	bpf_spin_unlock(&b->lock);
+	return ok;
+}
+
+static __always_inline void count(struct counters *ctr, __u64 len, int passed)
+{
+	if (!ctr)
+		return;
+	if (passed) {
+		ctr->passed_bytes += len;
+		ctr->passed_packets++;
+	} else {
+		ctr->dropped_bytes += len;
+		ctr->dropped_packets++;
+	}
+}
+
+/* FPS-HANDLE-PACKET line 1 (000_efbf5459a9d12355.txt Fig. 2): a new flow
+ * joins the sample set with probability sample_prob; a tracked flow is
+ * updated on every packet (bytes that passed). */
+static __always_inline void sample_flow(const struct settings *s, struct flow_key *k, __u32 class_id,
+					__u64 len, int passed, __u64 now)
+{
+	struct flow_stats *f = flows.lookup(k);
+
+	if (f) {
+		if (passed) {
+			__sync_fetch_and_add(&f->bytes, len);
+			__sync_fetch_and_add(&f->packets, 1);
+		}
+		f->last_ns = now;
+		return;
+	}
+	if ((__u64)bpf_get_prandom_u32() >= s->sample_prob)
+		return;
+	struct flow_stats fresh = {
+		.bytes = passed ? len : 0, .packets = passed ? 1 : 0,
+		.first_ns = now, .last_ns = now, .class_id = class_id,
+	};
+	flows.insert(k, &fresh);  /* NOEXIST: a racing CPU's entry wins */
+}
+
+/* Attached at tc egress (clsact, direct-action) by agent/datapath.py. */
+int drl_egress(struct __sk_buff *skb)
+{
+	struct flow_key key = {};
+	__u32 zero = 0, class_id;
+	__u64 len = wire_bytes(skb), now;
+	struct settings *s = settings.lookup(&zero);
+	struct rule *r;
+	int passed;
+
+	if (!s || parse(skb, &key) < 0 || !(r = classify(s, &key, skb->mark)) ||
+	    r->action == RULE_EXEMPT) {
+		count(bypass.lookup(&zero), len, 1);
+		return TC_ACT_OK;
+	}
+	class_id = r->class_id;
+	now = bpf_ktime_get_ns();
+	passed = police(class_id, len, now);
+	count(counters.lookup(&class_id), len, passed);
+	sample_flow(s, &key, class_id, len, passed, now);
+	return passed ? TC_ACT_OK : DROP_ACTION;
+}

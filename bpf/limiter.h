@@ -1,0 +1,132 @@
+/* Structs and constants shared by bpf/limiter.c and agent/datapath.py.
+ *
+ * Python never re-declares these layouts: agent/datapath.py reads and writes
+ * every map through bcc's table.Key / table.Leaf types, which bcc builds from
+ * the definitions below.  Keep them fixed-width with explicit padding so the
+ * layout is the same on every compiler.
+ */
+#pragma once
+
+#include <linux/types.h>
+
+/* Load-time sizes: agent/datapath.py passes -DMAX_FLOWS=... (cflags). */
+#ifndef MAX_FLOWS
+#define MAX_FLOWS 4096
+#endif
+#ifndef MAX_CLASSES
+#define MAX_CLASSES 64
+#endif
+#ifndef MAX_RULES
+#define MAX_RULES 32
+#endif
+/* What a policed packet gets: TC_ACT_STOLEN (4) by default, TC_ACT_SHOT (2)
+ * on request.  SHOT returns NET_XMIT_DROP to the local TCP stack, which
+ * enters CWR on every drop; STOLEN looks like a loss on the wire.  Measured
+ * in bench/README.md ("drop action"). */
+#ifndef DROP_ACTION
+#define DROP_ACTION 4
+#endif
+
+/* Mode of a class; mirrors agent/allocators/base.py Mode. */
+#define MODE_PASS   0   /* count only */
+#define MODE_BUCKET 1   /* token bucket at rate_Bps (GTB/FPS, 000_efbf5459a9d12355.txt §3.2) */
+#define MODE_DROP   2   /* random drop with drop_prob (GRD, 000_efbf5459a9d12355.txt Fig. 1) */
+
+/* Probabilities are fixed point out of 2^32: a packet is chosen when
+ * bpf_get_prandom_u32() < p, so p = 2^32 means always and 0 never. */
+#define PROB_ONE (1ULL << 32)
+#define UNLIMITED (~0ULL)  /* safe_rate_Bps: no fail-safe limit */
+
+/* What a matching rule does. */
+#define RULE_CLASS  0   /* the packet belongs to class_id */
+#define RULE_EXEMPT 1   /* never policed (the agents' own gossip) */
+
+/* rules[i], i < settings.n_rules, checked in order; the first match wins.
+ * Written by agent/datapath.py (_write_rules) from agent/classes.py ClassRule.
+ * Addresses are in network byte order; an IPv4 address uses word 0 only.
+ * A field with a zero mask / zero value matches anything. */
+struct rule {
+	__u32 src[4];
+	__u32 src_mask[4];
+	__u32 dst[4];
+	__u32 dst_mask[4];
+	__u32 mark;
+	__u32 mark_mask;
+	__u16 sport;        /* host byte order, 0 = any */
+	__u16 dport;        /* host byte order, 0 = any */
+	__u8  family;       /* 0 = any, 4 or 6 */
+	__u8  proto;        /* IPPROTO_*, 0 = any */
+	__u8  action;       /* RULE_CLASS | RULE_EXEMPT */
+	__u8  pad0;
+	__u32 class_id;
+	__u32 pad1;
+};
+
+/* settings[0]: run-time knobs that are not per class.
+ * Written by agent/datapath.py (_write_rules, set_sample_probability). */
+struct settings {
+	__u32 n_rules;
+	__u32 pad0;
+	__u64 sample_prob;  /* out of PROB_ONE: chance that a new flow enters the flow table (FPS) */
+};
+
+/* config[class_id]: what the agent decided for a class.
+ * Written only by agent/datapath.py (set_class); read by the program. */
+struct class_config {
+	__u64 rate_Bps;            /* token refill rate, bytes/s */
+	__u64 burst_bytes;         /* bucket depth */
+	__u64 drop_prob;           /* MODE_DROP, out of PROB_ONE */
+	__u64 updated_ns;          /* bpf_ktime_get_ns() clock (CLOCK_MONOTONIC) at the agent's last write */
+	__u64 timeout_ns;          /* 0 = never; after updated_ns + timeout_ns the safe rate applies */
+	__u64 safe_rate_Bps;       /* fail-safe bucket rate when the agent is silent; UNLIMITED = pass */
+	__u64 safe_burst_bytes;
+	__u64 zero_rate_burst;     /* bytes per second a rate-0 bucket still lets through (FPS slow start) */
+	__u64 quota_bytes;         /* byte allowance, loaded when quota_seq changes */
+	__u32 quota_seq;           /* 0 = no quota; agent/datapath.py bumps it on every new allowance */
+	__u32 mode;                /* MODE_* */
+};
+
+/* buckets[class_id]: token bucket state, written only by the program under
+ * the lock (two CPUs may police the same class at once).  agent/datapath.py
+ * reads quota_left (read_quota). */
+struct bucket {
+	struct bpf_spin_lock lock;
+	__u32 quota_seq;           /* config.quota_seq that quota_left was loaded from */
+	__s64 credit_ns;           /* tokens as time at rate_Bps, like sch_tbf; < 0 = debt */
+	__u64 last_ns;             /* last refill */
+	__u64 quota_left;          /* bytes the class may still pass (when config.quota_seq != 0) */
+};
+
+/* counters[class_id] (per CPU) and bypass[0] (per CPU; unmatched or exempt
+ * packets, dropped_* stay 0).  Written by the program; agent/datapath.py
+ * sums the CPUs (read_counters, read_bypass).  Bytes are what the limit
+ * counts: see police_len() in limiter.c. */
+struct counters {
+	__u64 passed_bytes;
+	__u64 passed_packets;
+	__u64 dropped_bytes;
+	__u64 dropped_packets;
+};
+
+/* flows: key of the LRU flow table (FPS's sample set). Addresses as in rule. */
+struct flow_key {
+	__u32 src[4];
+	__u32 dst[4];
+	__u16 sport;               /* host byte order; 0 when not TCP/UDP */
+	__u16 dport;
+	__u8  family;              /* 4 or 6 */
+	__u8  proto;
+	__u16 pad0;
+};
+
+/* flows: value.  Created by the program for a sampled new flow, updated on
+ * every later packet of it; agent/datapath.py reads it (read_flows).
+ * bytes/packets count what passed the limiter. */
+struct flow_stats {
+	__u64 bytes;
+	__u64 packets;
+	__u64 first_ns;
+	__u64 last_ns;
+	__u32 class_id;
+	__u32 pad0;
+};

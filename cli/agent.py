@@ -1,0 +1,86 @@
+"""drl-agent: enforce one global egress limit together with peer agents.
+
+Examples:
+
+    drl-agent up --iface eth0 --global 50mbit --insecure
+    drl-agent up --iface eth0 --global 50mbit --node-id a --listen 0.0.0.0:7470 \\
+        --peers 10.0.0.2:7470,10.0.0.3:7470 --key-file /etc/drl/cluster.key
+    drl-agent down
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import click
+
+from agent.allocators import names as allocator_names
+from agent.control import DEFAULT_SOCKET, ControlError, request
+from cli.params import DURATION, PROBABILITY, QUOTA, RATE, SIZE
+
+DEFAULT_PORT = 7470
+
+
+@click.group(context_settings={"auto_envvar_prefix": "DRL", "help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Run the drl agent (distributed rate limiter)."""
+
+
+@main.command()
+@click.option("--iface", required=True, help="Interface whose egress is limited.")
+@click.option("--global", "global_Bps", type=RATE, required=True, help="The global limit shared by all agents, e.g. 50mbit.")
+@click.option("--allocator", type=click.Choice(allocator_names()), default="fps", show_default=True,
+              help="How the global limit is divided among agents.")
+@click.option("--node-id", default=socket.gethostname, show_default="hostname", help="This agent's name in the cluster.")
+@click.option("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", show_default=True, help="HOST:PORT for gossip (UDP).")
+@click.option("--peers", default="", help="Other agents as HOST:PORT,HOST:PORT,...")
+@click.option("--key-file", type=click.Path(dir_okay=False), help="Cluster key (HMAC-SHA256) shared by all agents.")
+@click.option("--insecure", is_flag=True, help="Run without a cluster key: gossip is not authenticated.")
+@click.option("--interval", "interval_s", type=DURATION, default="100ms", show_default=True, help="Estimate interval.")
+@click.option("--branching", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Gossip branching factor: peers updated per interval (>= peers = full mesh).")
+@click.option("--peer-timeout", "peer_timeout_s", type=DURATION, help="Silence after which a peer is stale [default: max(500ms, 5 intervals)].")
+@click.option("--burst", "burst_bytes", type=SIZE, help="Token bucket depth [default: the datapath's rule for the rate].")
+@click.option("--class", "class_specs", multiple=True, metavar="SPEC",
+              help="Which egress traffic is limited (repeatable; a packet matching any SPEC is limited). Default: all IP traffic.")
+@click.option("--socket", "socket_path", default=DEFAULT_SOCKET, show_default=True, help="Control socket for drlctl.")
+@click.option("--safe-rate", "safe_Bps", type=RATE, help="Rate the kernel falls back to if the agent stops updating [default: global/N].")
+@click.option("--ewma", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+              help="EWMA weight kept from the previous estimate (0 = no smoothing).")
+@click.option("--sample-probability", type=PROBABILITY, default=1.0, show_default=True,
+              help="Probability that a new flow enters the flow table (FPS's sample set).")
+@click.option("--max-flows", type=click.IntRange(min=16), default=4096, show_default=True, help="Flow table size.")
+@click.option("--eta", type=float, help="GDRL / fill-ratio step size [default: 1/(2d)].")
+@click.option("--quota", type=QUOTA, help="DQMP volume quota SIZE/PERIOD, e.g. 10TB/30d.")
+@click.option("--lease-servers", default="", help="lease: node ids that serve leases [default: the lowest node id].")
+@click.option("--on-lease-loss", type=click.Choice(["pessimistic", "optimistic", "safe"]), default="safe", show_default=True,
+              help="lease: what a client enforces when it cannot renew.")
+def up(**opts) -> None:
+    """Attach the limiter to IFACE and run in the foreground until SIGTERM/SIGINT.
+
+    \b
+    Examples:
+      drl-agent up --iface eth0 --global 50mbit --insecure
+      drl-agent up --iface eth0 --global 50mbit --allocator grd \\
+          --peers 10.0.0.2:7470 --key-file /etc/drl/cluster.key
+    """
+    from agent.config import ConfigError, build_config
+    from agent.daemon import run
+
+    try:
+        config = build_config(opts)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    sys.exit(run(config))
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=DEFAULT_SOCKET, show_default=True, help="The agent's control socket.")
+def down(socket_path: str) -> None:
+    """Ask the agent on SOCKET to detach and exit."""
+    try:
+        request(socket_path, "down")
+    except ControlError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"agent on {socket_path} is stopping")

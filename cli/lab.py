@@ -1,0 +1,148 @@
+"""drl-lab: the paper's experiments on network namespaces, one command each.
+
+Examples:
+
+    drl-lab list
+    drl-lab demo
+    drl-lab run baseline --duration 20s --repeat 5 --out results/baseline
+    drl-lab run my-topology.toml --allocator fps --allocator ctb
+    drl-lab clean
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from agent.allocators import names as allocator_names
+from agent.units import format_rate
+from cli.params import DURATION
+from lab.errors import LabError
+
+DEMO_PREFERENCE = ("fps", "grd", "gdrl", "static")  # the best distributed allocator this build has
+
+
+@click.group(context_settings={"auto_envvar_prefix": "DRL_LAB", "help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Run distributed-rate-limiting experiments on network namespaces (needs root)."""
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt  # SIGTERM tears the run down exactly like Ctrl-C
+
+
+def _guarded(fn, *args, **kw):
+    """Run fn with teardown on Ctrl-C/SIGTERM and one-line errors."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return fn(*args, **kw)
+    except LabError as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted: the run's namespaces and processes were removed", err=True)
+        sys.exit(130)
+
+
+def _progress(line: str) -> None:
+    click.echo(line, err=True)
+
+
+@main.command()
+@click.argument("name_or_file")
+@click.option("--allocator", "allocators", multiple=True, metavar="A",
+              help="Allocator to run (repeatable) [default: the experiment's list].")
+@click.option("--duration", type=DURATION, help="Squeeze the whole schedule into this long, e.g. 20s.")
+@click.option("--repeat", type=click.IntRange(min=1), help="Runs per allocator [default: the file's].")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory [default: results/NAME].")
+def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, repeat: int | None, out: Path | None) -> None:
+    """Run a built-in experiment or an experiment file; writes DIR/result.json and PNG plots.
+
+    \b
+    Examples:
+      drl-lab run baseline
+      drl-lab run baseline --allocator fps --allocator ctb --duration 20s --repeat 5
+      drl-lab run ./mine.toml --out /tmp/mine
+    """
+    from lab.registry import resolve
+    from lab.runner import run_experiment
+
+    def go():
+        exp = resolve(name_or_file)
+        if duration:
+            exp = exp.scaled(duration)
+        summary = run_experiment(exp, out or Path("results") / exp.name, list(allocators) or None, repeat, _progress)
+        click.echo(render(summary))
+        click.echo(f"\nwrote {out or Path('results') / exp.name}/result.json and plots")
+    _guarded(go)
+
+
+@main.command("list")
+def list_() -> None:
+    """List the built-in experiments."""
+    from lab.registry import builtin
+    from lab.spec import load
+
+    for name, path in builtin().items():
+        exp = load(path)
+        click.echo(f"{name:<14} {exp.description}  [{', '.join(exp.allocators)}; {exp.duration_s:g} s]")
+
+
+@main.command()
+def clean() -> None:
+    """Remove namespaces, processes and state left by lab runs that died (prefix lb....)."""
+    from lab.netns import clean as clean_leftovers, require_root
+
+    def go():
+        require_root()
+        removed, running = clean_leftovers()
+        for run_ in removed:
+            click.echo(f"removed {run_}")
+        for run_ in running:
+            click.echo(f"kept {run_}: its drl-lab is still running")
+        if not removed and not running:
+            click.echo("nothing to clean")
+    _guarded(go)
+
+
+@main.command()
+@click.option("--duration", type=DURATION, default="20s", show_default=True, help="Length of each run.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("results/demo"), show_default=True)
+def demo(duration: float, out: Path) -> None:
+    """Run a short baseline (2 limiters, 10 Mbit/s, 3:7 flows) with FPS and CTB, side by side.
+
+    \b
+    Example:
+      sudo drl-lab demo --duration 30s
+    """
+    from lab.registry import resolve
+    from lab.runner import run_experiment
+
+    have = allocator_names()
+    best = next((a for a in DEMO_PREFERENCE if a in have), None)
+    if best is None or "ctb" not in have:
+        raise click.ClickException("the demo needs the ctb allocator and one of " + ", ".join(DEMO_PREFERENCE))
+
+    def go():
+        summary = run_experiment(resolve("baseline").scaled(duration), out, [best, "ctb"], 1, _progress)
+        click.echo(render(summary))
+    _guarded(go)
+
+
+def render(summary: dict) -> str:
+    """The comparison table: one column per allocator (first run of each)."""
+    runs = [r for r in summary["runs"] if r["repeat"] == 1]
+    rows = [("global limit", [format_rate(r["global_limit_bps"] / 8) for r in runs]),
+            ("delivered", [format_rate(r["aggregate_bps"] / 8) for r in runs]),
+            ("utilization", [f"{r['utilization']:.3f}" for r in runs])]
+    for i, lim in enumerate(runs[0]["limiters"]):
+        rows.append((f"{lim['name']} share (flows)",
+                     [f"{r['limiters'][i]['share']:.3f} ({r['limiters'][i]['flows']})" for r in runs]))
+    rows.append(("Jain's index", [f"{r['jain_index']:.3f}" if r["jain_index"] is not None else "-" for r in runs]))
+    if any(c["runs"] > 1 for c in summary["comparison"]):
+        rows.append(("Jain's index, all runs", [f"{c['jain_index']:.3f} mean of {c['runs']}" if c["jain_index"] else "-"
+                                                 for c in summary["comparison"]]))
+    width = max(len(label) for label, _ in rows) + 2
+    head = f"{summary['experiment']:<{width}}" + "".join(f"{r['allocator']:>16}" for r in runs)
+    return "\n".join([head] + [f"{label:<{width}}" + "".join(f"{v:>16}" for v in vals) for label, vals in rows])

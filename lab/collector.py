@@ -1,0 +1,113 @@
+"""Measurements of one run, all on one grid of ``DT`` = 100 ms bins from the schedule's start.
+
+    with SinkMeter(plan) as meter:          # the sink interface's received bytes
+        meter.sample(t)                      # call every 100 ms
+    aggregate = meter.series(n_bins)         # bytes/s per bin: what reached the sink
+    flows = flow_series(groups, out, launched, n_bins)
+
+The aggregate comes from one counter read on one clock (the sink's only
+interface), so its 100-ms histogram is trustworthy.  Per-flow rates come from
+the receivers: iperf3 servers report each stream's received bytes every
+100 ms relative to their test's start, which the lab places at the moment it
+launched the client (a few ms off at most); web groups report bytes per 100 ms.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import NetNS
+
+from .errors import LabError
+from .topology import Plan
+from .traffic import Group
+
+DT = 0.1
+
+
+class SinkMeter:
+    def __init__(self, plan: Plan):
+        sink = plan.exp.sink
+        self.ns = plan.ns(sink)
+        self.iface = plan.iface(sink, plan.exp.neighbours(sink)[0]).name
+        self.samples: list[tuple[float, int]] = []
+
+    def __enter__(self) -> "SinkMeter":
+        self.nl = NetNS(self.ns)
+        self.index = self.nl.link_lookup(ifname=self.iface)[0]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.nl.close()
+
+    def sample(self, t: float) -> None:
+        link = self.nl.get_links(self.index)[0]
+        self.samples.append((t, link.get_attr("IFLA_STATS64")["rx_bytes"]))
+
+    def rate(self, over_s: float = 1.0) -> float:
+        """Bytes/s over the last ``over_s`` seconds (for the progress line)."""
+        if len(self.samples) < 2:
+            return 0.0
+        t1, b1 = self.samples[-1]
+        t0, b0 = next(((t, b) for t, b in reversed(self.samples) if t1 - t >= over_s), self.samples[0])
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def series(self, n_bins: int) -> list[float]:
+        """Counter differences spread onto the grid."""
+        pieces = [(t0, t1, b1 - b0) for (t0, b0), (t1, b1) in zip(self.samples, self.samples[1:])]
+        return spread(pieces, n_bins)
+
+
+def spread(pieces: list[tuple[float, float, float]], n_bins: int) -> list[float]:
+    """Amounts observed over [t0, t1) -> bytes/s per DT bin, split by overlap."""
+    acc = [0.0] * n_bins
+    for t0, t1, amount in pieces:
+        if t1 <= t0:
+            continue
+        for k in range(max(0, math.floor(t0 / DT)), min(n_bins, math.ceil(t1 / DT))):
+            overlap = min(t1, (k + 1) * DT) - max(t0, k * DT)
+            if overlap > 0:
+                acc[k] += amount * overlap / (t1 - t0)
+    return [a / DT for a in acc]
+
+
+@dataclass(frozen=True)
+class Flow:
+    label: str
+    limiter: str
+    kind: str
+    start_s: float
+    stop_s: float
+    series: list[float]  # bytes/s per bin
+
+
+def flow_series(groups: list[Group], out: Path, launched: dict[int, float], n_bins: int) -> list[Flow]:
+    """Every flow of every group that was launched, from its receiver's report."""
+    flows = []
+    for g in groups:
+        if g.index not in launched:
+            continue
+        t0, t = launched[g.index], g.traffic
+        stop = min(t.stop_s, t0 + g.seconds)
+        try:
+            report = json.loads(g.report(out).read_text())
+        except (OSError, ValueError):
+            raise LabError(f"no measurements from {g.label}: {g.report(out)} is missing or unreadable") from None
+        if t.kind == "web":
+            pieces = [(t0 + k * report["bin_s"], t0 + (k + 1) * report["bin_s"], b) for k, b in enumerate(report["bins"])]
+            flows.append(Flow(g.label, g.limiter, "web", t0, stop, spread(pieces, n_bins)))
+            continue
+        if "error" in report:
+            raise LabError(f"iperf3 for {g.label} failed: {report['error']}")
+        for j in range(t.flows):
+            pieces = [(t0 + s["start"], t0 + s["end"], s["bytes"])
+                      for iv in report["intervals"] for s in iv["streams"][j:j + 1]]
+            flows.append(Flow(f"{g.label}.{j}", g.limiter, t.kind, t0, stop, spread(pieces, n_bins)))
+    return flows
+
+
+def web_transfers(groups: list[Group], out: Path) -> list[dict]:
+    return [tr for g in groups if g.traffic.kind == "web" and g.report(out).exists()
+            for tr in json.loads(g.report(out).read_text())["transfers"]]

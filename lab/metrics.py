@@ -1,0 +1,106 @@
+"""The metrics of 000_efbf5459a9d12355.txt §4.1, on series sampled every ``dt`` seconds.
+
+    >>> jain_index([1.0, 1.0, 1.0, 0.0])
+    0.75
+    >>> within(9.6, 10.0)
+    True
+
+Utilization at two timescales (Fig. 4), Jain's fairness index across flows
+(Fig. 5), per-limiter shares, convergence time after a change (Fig. 6, 7, 9),
+and the web table (Table 1).  ``jain_index`` and ``within`` are THE fairness
+index and tolerance rule of the project: tests and experiments import them
+from here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+TOLERANCE = 0.10  # relative; how close is "at the target" for bandwidths, everywhere
+
+WEB_RANGES = ((0, 5_000), (5_000, 50_000), (50_000, 500_000), (500_000, math.inf))  # Table 1, bytes
+
+
+def within(value: float, target: float, rel: float = TOLERANCE) -> bool:
+    """|value - target| <= rel * |target|: the one tolerance rule for bandwidth comparisons."""
+    return abs(value - target) <= rel * abs(target)
+
+
+def jain_index(rates: Iterable[float]) -> float:
+    """(sum x)^2 / (k sum x^2), §4.1: 1 when all k flows get the same, 1/k when one gets all."""
+    xs = list(rates)
+    if not xs:
+        raise ValueError("Jain's index of no flows")
+    squares = sum(x * x for x in xs)
+    return 1.0 if squares == 0 else sum(xs) ** 2 / (len(xs) * squares)
+
+
+def window(series: Sequence[float], dt: float, start_s: float, stop_s: float) -> list[float]:
+    """The samples whose bin [k dt, (k+1) dt) lies within [start_s, stop_s)."""
+    lo, hi = math.ceil(start_s / dt - 1e-9), math.floor(stop_s / dt + 1e-9)
+    return list(series[max(lo, 0):max(hi, 0)])
+
+
+def mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def rebin(series: Sequence[float], factor: int) -> list[float]:
+    """Means of consecutive groups of ``factor`` samples (100 ms -> 1 s with factor 10)."""
+    return [mean(series[i:i + factor]) for i in range(0, len(series) - factor + 1, factor)]
+
+
+def quantiles(xs: Sequence[float], qs: Sequence[float] = (0.05, 0.5, 0.95)) -> dict[str, float]:
+    s = sorted(xs)
+    if not s:
+        return {}
+    return {f"p{round(q * 100)}": s[min(len(s) - 1, int(q * len(s)))] for q in qs}
+
+
+def utilization(aggregate: Sequence[float], dt: float, limit: float) -> dict:
+    """Delivered/limit at the sample timescale and at 1 s (Fig. 4's two histograms)."""
+    coarse = rebin(aggregate, max(1, round(1.0 / dt)))
+    return {"mean": mean(aggregate) / limit,
+            f"{dt * 1000:.0f}ms": quantiles([x / limit for x in aggregate]),
+            "1s": quantiles([x / limit for x in coarse])}
+
+
+def moving_mean(series: Sequence[float], width: int) -> list[float]:
+    """Trailing mean over ``width`` samples (the first ones average what exists)."""
+    out, acc = [], 0.0
+    for i, x in enumerate(series):
+        acc += x - (series[i - width] if i >= width else 0.0)
+        out.append(acc / min(i + 1, width))
+    return out
+
+
+def convergence(per_limiter: dict[str, Sequence[float]], dt: float, changes: Sequence[float],
+                end_s: float, limit: float, rel: float = TOLERANCE) -> list[dict]:
+    """For each change time: how long until every limiter's 1-s rate stays within ``rel * limit``
+    of where it settles (its mean over the last third before the next change).  None: never."""
+    smooth = [moving_mean(s, max(1, round(1.0 / dt))) for s in per_limiter.values()]
+    bounds = sorted(set(changes)) + [end_s]
+    out = []
+    for at, nxt in zip(bounds, bounds[1:]):
+        lo, hi = round(at / dt), round(nxt / dt)
+        if hi <= lo:
+            continue
+        settle = hi - max(1, (hi - lo) // 3)
+        last_bad = lo - 1
+        for s in smooth:
+            target = mean(s[settle:hi])
+            last_bad = max([last_bad] + [k for k in range(lo, hi) if abs(s[k] - target) > rel * limit])
+        after = round((last_bad + 1 - lo) * dt, 3) if last_bad < settle else None
+        out.append({"at_s": round(at, 3), "converged_after_s": after})
+    return out
+
+
+def web_table(transfers: Iterable[dict]) -> list[dict]:
+    """Harmonic-mean delivered rate (bits/s) of completed web transfers per size range (Table 1)."""
+    rows = []
+    for lo, hi in WEB_RANGES:
+        rates = [t["size"] * 8 / (t["end_s"] - t["start_s"]) for t in transfers
+                 if t["completed"] and lo <= t["size"] < hi and t["end_s"] > t["start_s"]]
+        rows.append({"min_bytes": lo, "max_bytes": None if hi == math.inf else hi, "transfers": len(rates),
+                     "hmean_bps": len(rates) / sum(1 / r for r in rates) if rates else None})
+    return rows

@@ -1,0 +1,173 @@
+"""Build a :class:`~lab.topology.Plan` into namespaces, run processes there, tear it all down.
+
+    with Lab(plan) as lab:                      # builds; always tears down on exit
+        proc = lab.spawn("l1", ["iperf3", "-c", "10.1.2.2"], log=Path("c.log"))
+    clean()                                     # leftovers of crashed runs (drl-lab clean)
+
+Teardown is by name, never by pattern: the processes this Lab started (by
+pid), then every process still inside one of the run's namespaces (``ip netns
+pids``), then the namespaces themselves, which takes their veths and qdiscs
+along.  Each run keeps its key files and sockets in ``/run/drl-lab/<run>/``
+with an ``owner`` file, so ``clean`` can tell a live run from a dead one.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from .errors import LabError
+from .topology import RUN, Plan
+
+STATE_DIR = Path("/run/drl-lab")
+NETNS_DIR = Path("/run/netns")
+TOOLS = ("ip", "tc", "ethtool", "iperf3")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, tc, BPF): run it with sudo")
+    missing = [t for t in TOOLS if not shutil.which(t)]
+    if missing:
+        raise LabError(f"missing tools: {', '.join(missing)} (apt install iproute2 ethtool iperf3)")
+
+
+def sh(cmd: list[str]) -> str:
+    """Run one command; a failure becomes a one-line LabError naming it."""
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        why = (res.stderr.strip().splitlines() or ["exit status %d" % res.returncode])[-1]
+        raise LabError(f"`{' '.join(cmd)}` failed: {why}")
+    return res.stdout
+
+
+class Lab:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.state = STATE_DIR / plan.run
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "Lab":
+        require_root()
+        self.state.mkdir(parents=True, exist_ok=True)
+        (self.state / "owner").write_text(f"{os.getpid()}\n")
+        try:
+            for cmd in self.plan.build_commands():
+                sh(cmd)
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def spawn(self, host: str | None, argv: list[str], log: Path | None = None) -> subprocess.Popen:
+        """Start argv inside ``host``'s namespace (None: the control network's), in its own
+        session so a Ctrl-C reaches only the lab, which then stops everything in order."""
+        ns = self.plan.ns(host) if host else self.plan.ctl_ns
+        out = open(log, "wb") if log else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            if log:
+                out.close()
+        self.procs.append(proc)
+        return proc
+
+    def apply(self, cmds: list[list[str]]) -> None:
+        for cmd in cmds:
+            sh(cmd)
+
+    def teardown(self) -> None:
+        for proc in reversed(self.procs):
+            stop(proc)
+        self.procs.clear()
+        remove_run(self.plan.run)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """SIGTERM (agents detach cleanly on it), then SIGKILL after ``timeout_s``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def remove_run(run: str) -> None:
+    """Everything named after ``run``: processes in its namespaces, the namespaces, stray links, state."""
+    spaces = [ns for ns in _namespaces() if ns.startswith(run + "-")]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [pid for ns in spaces for pid in _pids(ns)]
+        for pid in pids:
+            _kill(pid, sig)
+        if _wait_gone(pids, 3.0):
+            break
+    for ns in spaces:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    for link in _root_links(run):  # never created there; removed if a future bug does
+        subprocess.run(["ip", "link", "del", link], capture_output=True)
+    shutil.rmtree(STATE_DIR / run, ignore_errors=True)
+
+
+def leftover_runs() -> dict[str, bool]:
+    """Runs with namespaces or state on this machine -> whether their owner process is alive."""
+    runs = {ns.split("-", 1)[0] for ns in _namespaces() if RUN.fullmatch(ns.split("-", 1)[0])}
+    if STATE_DIR.is_dir():
+        runs |= {d.name for d in STATE_DIR.iterdir() if RUN.fullmatch(d.name)}
+    return {run: _owner_alive(run) for run in sorted(runs)}
+
+
+def clean() -> tuple[list[str], list[str]]:
+    """Remove the leftovers of runs whose owner died; returns (removed, still running)."""
+    removed, running = [], []
+    for run, alive in leftover_runs().items():
+        (running if alive else removed).append(run)
+        if not alive:
+            remove_run(run)
+    return removed, running
+
+
+def _namespaces() -> list[str]:
+    return sorted(p.name for p in NETNS_DIR.iterdir()) if NETNS_DIR.is_dir() else []
+
+
+def _pids(ns: str) -> list[int]:
+    res = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    return [int(p) for p in res.stdout.split()]
+
+
+def _root_links(run: str) -> list[str]:
+    names = Path("/sys/class/net")
+    return [p.name for p in names.iterdir() if p.name.startswith(run)] if names.is_dir() else []
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{p}").exists() for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _owner_alive(run: str) -> bool:
+    try:
+        pid = int((STATE_DIR / run / "owner").read_text())
+    except (OSError, ValueError):
+        return False
+    return pid != os.getpid() and Path(f"/proc/{pid}").exists()

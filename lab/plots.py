@@ -1,0 +1,109 @@
+"""PNG plots of an experiment's runs, drawn from the series in result.json.
+
+    draw_all(json.load(open("results/baseline/result.json")), exp, Path("results/baseline"))
+
+* ``timeseries.png``: delivered rate per limiter and in aggregate, 1-s means,
+  one panel per allocator (000_efbf5459a9d12355.txt Fig. 3, 6, 7, 9);
+* ``utilization.png``: histograms of aggregate/limit over 100 ms and 1 s (Fig. 4);
+* ``flows.png``: each flow's mean rate, grouped by limiter;
+* ``qq.png``: Q-Q plot of Jain's index against CTB when runs were repeated (Fig. 5).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .metrics import moving_mean, rebin  # noqa: E402
+from .spec import REFERENCE, Experiment  # noqa: E402
+
+
+def draw_all(summary: dict, exp: Experiment, out: Path) -> list[Path]:
+    firsts = [r for r in summary["runs"] if r["repeat"] == 1]
+    drawn = [timeseries(firsts, exp, out / "timeseries.png"),
+             utilization(firsts, out / "utilization.png"),
+             flows(firsts, out / "flows.png")]
+    if any(row["runs"] > 1 for row in summary["comparison"]):
+        drawn.append(qq(summary["runs"], out / "qq.png"))
+    return [p for p in drawn if p]
+
+
+def _panels(n: int, height: float = 2.6, cols: int = 1):
+    fig, axes = plt.subplots(n, cols, figsize=(9, height * n), squeeze=False)
+    return fig, axes
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def timeseries(runs: list[dict], exp: Experiment, path: Path) -> Path:
+    fig, axes = _panels(len(runs))
+    changes = sorted(({t.start_s for t in exp.traffic} | {e.at_s for e in exp.events}) - {0.0})
+    for ax, run in zip(axes[:, 0], runs):
+        s = run["series"]
+        width = round(1.0 / s["dt_s"])
+        t = np.arange(len(s["aggregate_bps"])) * s["dt_s"]
+        ax.plot(t, np.array(moving_mean(s["aggregate_bps"], width)) / 1e6, color="black", lw=1.2, label="aggregate")
+        for name, series in s["limiters_bps"].items():
+            ax.plot(t, np.array(moving_mean(series, width)) / 1e6, lw=0.9, label=name)
+        ax.axhline(run["global_limit_bps"] / 1e6, ls="--", color="grey", lw=0.8)
+        for c in changes:
+            ax.axvline(c, ls=":", color="grey", lw=0.6)
+        ax.set_title(f"{run['experiment']}: {run['allocator']}  (Jain {run['jain_index'] or float('nan'):.3f})", fontsize=9)
+        ax.set_ylabel("Mbit/s")
+        ax.legend(fontsize=6, ncol=6, loc="upper right")
+    axes[-1, 0].set_xlabel("time (s)")
+    return _save(fig, path)
+
+
+def utilization(runs: list[dict], path: Path) -> Path:
+    fig, axes = _panels(len(runs), height=2.0, cols=2)
+    for row, run in zip(axes, runs):
+        s, limit = run["series"], run["global_limit_bps"]
+        lo = round(run["warmup_s"] / s["dt_s"])
+        fine = np.array(s["aggregate_bps"][lo:]) / limit
+        coarse = np.array(rebin(s["aggregate_bps"][lo:], round(1.0 / s["dt_s"]))) / limit
+        for ax, data, scale in ((row[0], fine, "100 ms"), (row[1], coarse, "1 s")):
+            ax.hist(data, bins=np.linspace(0, 1.6, 33), color="tab:blue")
+            ax.axvline(1.0, ls="--", color="grey", lw=0.8)
+            ax.set_title(f"{run['allocator']}: aggregate / limit over {scale}", fontsize=9)
+    return _save(fig, path)
+
+
+def flows(runs: list[dict], path: Path) -> Path:
+    fig, axes = _panels(len(runs), height=2.2)
+    for ax, run in zip(axes[:, 0], runs):
+        names = [l["name"] for l in run["limiters"]]
+        colors = {n: f"C{i % 10}" for i, n in enumerate(names)}
+        fl = sorted(run["flows"], key=lambda f: names.index(f["limiter"]))
+        ax.bar(range(len(fl)), [f["mean_bps"] / 1e6 for f in fl], color=[colors[f["limiter"]] for f in fl])
+        ax.set_title(f"{run['allocator']}: mean rate per flow (colour = limiter)", fontsize=9)
+        ax.set_ylabel("Mbit/s")
+    return _save(fig, path)
+
+
+def qq(runs: list[dict], path: Path) -> Path | None:
+    """Quantiles of each allocator's Jain index against CTB's, with the x = y line (Fig. 5)."""
+    ref = sorted(r["jain_index"] for r in runs if r["allocator"] == REFERENCE and r["jain_index"] is not None)
+    if len(ref) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    probs = np.linspace(0, 1, len(ref))
+    for alloc in dict.fromkeys(r["allocator"] for r in runs if r["allocator"] != REFERENCE):
+        mine = [r["jain_index"] for r in runs if r["allocator"] == alloc and r["jain_index"] is not None]
+        if mine:
+            ax.plot(ref, np.quantile(mine, probs), "o-", ms=4, label=alloc)
+    lo = min(ref + [0.8])
+    ax.plot([lo, 1], [lo, 1], ls="--", color="grey", lw=0.8)
+    ax.set_xlabel("Jain's index, CTB (quantiles)")
+    ax.set_ylabel("Jain's index, allocator (quantiles)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,454 @@
+"""The experiment file: a TOML description of hosts, links, traffic and schedule.
+
+    >>> from lab.spec import load
+    >>> exp = load("lab/experiments/baseline.toml")
+    >>> exp.global_Bps, [t.src for t in exp.traffic]
+    (1250000.0, ['l1', 'l2'])
+
+docs/lab.md has an annotated example of every field.  A mistake in a file
+raises :class:`SpecError` with ``file:line: where: field 'x': what is wrong``
+(tomllib's own syntax errors keep their line and column).  Everything here is
+pure: loading a file needs no root and builds nothing.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from agent import allocators
+from agent.units import UnitError, parse_duration, parse_rate, parse_size
+
+from .errors import LabError
+
+ROLES = ("limiter", "router", "source", "sink")
+KINDS = ("tcp", "udp", "web")
+REFERENCE = "ctb"  # the centralized token bucket every experiment compares against (§4)
+HOST_NAME = re.compile(r"[a-z][a-z0-9]{0,5}")  # <= 6 chars: interface names are <= 15 (lab/topology.py)
+RESERVED = {"ctl"}  # the control-network namespace
+
+# [agent] / [params.<allocator>] keys -> how to check the value; passed to `drl-agent up --<key>`.
+AGENT_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "interval": parse_duration,
+    "peer_timeout": parse_duration,
+    "burst": parse_size,
+    "ewma": lambda v: _in_range(float(v), 0.0, 1.0, hi_open=True),
+    "sample_probability": lambda v: _in_range(float(v), 0.0, 1.0, lo_open=True),
+    "branching": lambda v: _in_range(int(v), 1, math.inf),
+    "eta": lambda v: _in_range(float(v), 0.0, math.inf, lo_open=True),
+}
+
+
+_REQUIRED = object()  # default of a getter whose field must be present
+
+
+class SpecError(LabError):
+    """A bad experiment file; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Link:
+    a: str
+    b: str
+    rate_Bps: float | None = None   # TBF shaping on both ends (None: unshaped veth)
+    delay_s: float | None = None    # netem, only where the kernel has sch_netem
+    loss_pct: float | None = None
+
+    @property
+    def ends(self) -> tuple[str, str]:
+        return (self.a, self.b)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One traffic group: ``flows`` parallel TCP/UDP flows, or one web workload, from ``src`` to the sink."""
+    kind: str
+    src: str
+    start_s: float
+    stop_s: float
+    flows: int = 1
+    rate_Bps: float | None = None      # udp: per flow
+    arrivals_per_s: float = 0.0        # web: Poisson request rate
+    mean_size: int = 0                 # web: mean object size (Pareto, capped at max_size)
+    shape: float = 1.2                 # web: Pareto shape alpha (heavy tail for alpha < 2)
+    max_size: int = 0
+
+
+@dataclass(frozen=True)
+class LinkEvent:
+    """At ``at_s`` the link's shaping becomes ``rate_Bps``: an upstream bottleneck appears."""
+    at_s: float
+    link: tuple[str, str]
+    rate_Bps: float
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    global_Bps: float
+    duration_s: float
+    warmup_s: float
+    allocators: tuple[str, ...]
+    repeat: int
+    hosts: dict[str, str]                       # name -> role, in file order
+    links: tuple[Link, ...]
+    traffic: tuple[Traffic, ...]
+    events: tuple[LinkEvent, ...] = ()
+    agent: dict[str, str] = field(default_factory=dict)               # option -> text
+    params: dict[str, dict[str, str]] = field(default_factory=dict)   # allocator -> overrides
+    path: str = ""
+
+    # -- the graph (hosts and links) -------------------------------------------------
+    def of_role(self, role: str) -> list[str]:
+        return [h for h, r in self.hosts.items() if r == role]
+
+    @property
+    def sink(self) -> str:
+        return self.of_role("sink")[0]
+
+    @property
+    def limiters(self) -> list[str]:
+        return self.of_role("limiter")
+
+    def neighbours(self, host: str) -> list[str]:
+        return [l.b if l.a == host else l.a for l in self.links if host in l.ends]
+
+    def route(self, src: str, dst: str) -> list[str]:
+        """Hosts on the shortest path src..dst (BFS, first listed link wins ties); [] if unreachable."""
+        parent: dict[str, str | None] = {src: None}
+        queue = collections.deque([src])
+        while queue:
+            here = queue.popleft()
+            for nxt in self.neighbours(here):
+                if nxt not in parent:
+                    parent[nxt] = here
+                    queue.append(nxt)
+        if dst not in parent:
+            return []
+        hops, node = [], dst
+        while node is not None:
+            hops.append(node)
+            node = parent[node]
+        return hops[::-1]
+
+    def limiter_of(self, src: str) -> str:
+        """The one limiter a flow from ``src`` crosses on its way to the sink (checked at load)."""
+        return next(h for h in self.route(src, self.sink) if self.hosts[h] == "limiter")
+
+    def agent_options(self, allocator: str) -> dict[str, str]:
+        return {**self.agent, **self.params.get(allocator, {})}
+
+    def scaled(self, duration_s: float) -> "Experiment":
+        """The same experiment squeezed (or stretched) to ``duration_s``: every time scales alike,
+        so a flow that joins every 10 s of 50 joins every 2 s of 10 (`drl-lab run --duration`)."""
+        k = duration_s / self.duration_s
+        return dataclasses.replace(
+            self, duration_s=duration_s, warmup_s=self.warmup_s * k,
+            traffic=tuple(dataclasses.replace(t, start_s=t.start_s * k, stop_s=t.stop_s * k) for t in self.traffic),
+            events=tuple(dataclasses.replace(e, at_s=e.at_s * k) for e in self.events))
+
+
+# -- loading -------------------------------------------------------------------------
+
+def load(path: str | Path) -> Experiment:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read experiment file {path}: {e.strerror}") from None
+    return loads(text, str(path))
+
+
+def loads(text: str, path: str = "<string>") -> Experiment:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{path}: {e}") from None
+    src = _Source(text, path)
+    top = _Table(src, doc, "top level", None, None)
+    exp_t = top.sub("experiment")
+    name = exp_t.text("name", Path(path).stem)
+    duration = exp_t.positive(exp_t.duration("duration"), "duration")
+    exp = Experiment(
+        name=name,
+        description=exp_t.text("description", ""),
+        global_Bps=exp_t.rate("global"),
+        duration_s=duration,
+        warmup_s=exp_t.duration("warmup", duration / 6),
+        allocators=tuple(exp_t.allocator_list("allocators")),
+        repeat=exp_t.integer("repeat", 1, lo=1),
+        hosts=_hosts(top.sub("hosts")),
+        links=tuple(_link(t) for t in top.array("link")),
+        traffic=tuple(_traffic(t, duration) for t in top.array("traffic")),
+        events=tuple(_event(t, duration) for t in top.array("event")),
+        agent=_agent_options(top.sub("agent", required=False)),
+        params={a: _agent_options(t) for a, t in top.sub("params", required=False).subtables(allocator=True)},
+        path=path,
+    )
+    exp_t.finish()
+    top.finish()
+    _check_graph(exp, src)
+    return exp
+
+
+def _hosts(t: "_Table") -> dict[str, str]:
+    hosts = {}
+    for name in list(t.data):
+        role = t.text(name, choices=ROLES)
+        if not HOST_NAME.fullmatch(name) or name in RESERVED:
+            raise t.error(name, "host names are 1-6 characters [a-z0-9] starting with a letter, not 'ctl'")
+        hosts[name] = role
+    if len([r for r in hosts.values() if r == "sink"]) != 1:
+        raise t.error(None, "exactly one host must have role 'sink'")
+    if "limiter" not in hosts.values():
+        raise t.error(None, "at least one host must have role 'limiter'")
+    return hosts
+
+
+def _link(t: "_Table") -> Link:
+    ends = t.names("ends", 2)
+    link = Link(ends[0], ends[1], rate_Bps=t.rate("rate", None),
+                delay_s=t.duration("delay", None), loss_pct=t.percent("loss", None))
+    for key in ("delay", "loss"):
+        if getattr(link, "delay_s" if key == "delay" else "loss_pct") is not None and not netem_available():
+            raise t.error(key, "needs the sch_netem qdisc, which this kernel does not have; remove the field")
+    t.finish()
+    return link
+
+
+def _traffic(t: "_Table", duration: float) -> Traffic:
+    kind = t.text("kind", choices=KINDS)
+    start = t.duration("start", 0.0)
+    stop = t.duration("stop", duration)
+    if not 0 <= start < stop <= duration:
+        raise t.error("stop", f"need 0 <= start < stop <= the experiment's duration ({duration:g} s)")
+    common = dict(kind=kind, src=t.text("from"), start_s=start, stop_s=stop)
+    if kind == "web":
+        mean, cap = t.size("mean_size", 30_000), t.size("max_size", 2_000_000)
+        tr = Traffic(**common, arrivals_per_s=t.number("arrivals", lo=0, lo_open=True),
+                     mean_size=mean, max_size=cap, shape=t.number("shape", 1.2, lo=1, lo_open=True))
+    else:
+        tr = Traffic(**common, flows=t.integer("flows", 1, lo=1),
+                     rate_Bps=t.rate("rate") if kind == "udp" else None)
+    t.finish()
+    return tr
+
+
+def _event(t: "_Table", duration: float) -> LinkEvent:
+    at = t.duration("at")
+    if not 0 <= at < duration:
+        raise t.error("at", f"must lie within the experiment (0 .. {duration:g} s)")
+    ev = LinkEvent(at, tuple(t.names("link", 2)), t.rate("rate"))
+    t.finish()
+    return ev
+
+
+def _agent_options(t: "_Table") -> dict[str, str]:
+    out = {}
+    for key in list(t.data):
+        if key not in AGENT_OPTIONS:
+            raise t.error(key, f"unknown agent option (expected one of {', '.join(AGENT_OPTIONS)})")
+        value = str(t.data.pop(key))
+        try:
+            AGENT_OPTIONS[key](value)
+        except (UnitError, ValueError) as e:
+            raise t.error(key, str(e)) from None
+        out[key] = value
+    return out
+
+
+def _check_graph(exp: Experiment, src: "_Source") -> None:
+    """Links join known hosts; the sink hangs off one link; every flow crosses exactly one limiter."""
+    seen = set()
+    for i, link in enumerate(exp.links):
+        where = _Table(src, {}, f"[[link]] #{i + 1}", "link", i)
+        for end in link.ends:
+            if end not in exp.hosts:
+                raise where.error("ends", f"unknown host {end!r} (hosts: {', '.join(exp.hosts)})")
+        if link.a == link.b or frozenset(link.ends) in seen:
+            raise where.error("ends", "a link joins two different hosts, once")
+        seen.add(frozenset(link.ends))
+    if len(exp.neighbours(exp.sink)) != 1:
+        raise _Table(src, {}, "[hosts]", "hosts", 0).error(
+            exp.sink, "the sink needs exactly one link (the CTB reference limits that link's far end)")
+    for i, tr in enumerate(exp.traffic):
+        where = _Table(src, {}, f"[[traffic]] #{i + 1}", "traffic", i)
+        if exp.hosts.get(tr.src) not in ("limiter", "source"):
+            raise where.error("from", f"{tr.src!r} is not a limiter or source host")
+        crossed = [h for h in exp.route(tr.src, exp.sink) if exp.hosts[h] == "limiter"]
+        if len(crossed) != 1:
+            raise where.error("from", f"the path {tr.src} -> {exp.sink} must cross exactly one limiter, "
+                                      f"it crosses {len(crossed)}")
+    for i, ev in enumerate(exp.events):
+        if frozenset(ev.link) not in seen:
+            raise _Table(src, {}, f"[[event]] #{i + 1}", "event", i).error("link", f"no link joins {ev.link[0]} and {ev.link[1]}")
+
+
+def netem_available() -> bool:
+    """Whether delay/loss links can be built: sch_netem loaded, or present as a module."""
+    release = Path("/proc/sys/kernel/osrelease").read_text().strip()
+    if Path("/sys/module/sch_netem").exists():
+        return True
+    return any(Path(f"/lib/modules/{release}/kernel/net/sched").glob("sch_netem.ko*"))
+
+
+def _in_range(v, lo, hi, lo_open=False, hi_open=False):
+    if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
+        raise ValueError(f"{v} is out of range")
+    return v
+
+
+# -- reading tables with errors that point at the line -------------------------------
+
+class _Source:
+    def __init__(self, text: str, path: str):
+        self.lines = text.splitlines()
+        self.path = path
+
+    def line(self, table: str | None, index: int | None, key: str | None) -> int | None:
+        """Line of ``key`` in the ``index``-th ``[table]``/``[[table]]`` (or of the header itself)."""
+        header = re.compile(rf"^\s*\[\[?\s*{re.escape(table)}(\.[^\]]*)?\s*\]\]?") if table else None
+        count, start = -1, None if table else 0
+        for n, line in enumerate(self.lines, 1):
+            if header and header.match(line) and start is None:
+                count += 1
+                if count == (index or 0):
+                    start = n
+                continue
+            if start is None:
+                continue
+            if re.match(r"^\s*\[", line):
+                break
+            if key and re.match(rf"^\s*\"?{re.escape(key)}\"?\s*=", line):
+                return n
+        return start or None
+
+
+class _Table:
+    """A TOML table being read: typed getters, each failing with a located message."""
+
+    def __init__(self, src: _Source, data: Any, where: str, table: str | None, index: int | None):
+        if not isinstance(data, dict):
+            raise SpecError(f"{src.path}:{src.line(table, index, None) or '?'}: {where} must be a table")
+        self.src, self.data, self.where, self.table, self.index = src, dict(data), where, table, index
+
+    def error(self, key: str | None, msg: str) -> SpecError:
+        line = self.src.line(self.table, self.index, key)
+        loc = f"{self.src.path}:{line}" if line else self.src.path
+        return SpecError(f"{loc}: {self.where}: " + (f"field '{key}': " if key else "") + msg)
+
+    def _get(self, key: str, default: Any) -> Any:
+        if key not in self.data:
+            if default is _REQUIRED:
+                raise self.error(None, f"missing field '{key}'")
+            return default
+        return self.data.pop(key)
+
+    def _parsed(self, key, default, parser):
+        if key not in self.data:
+            return self._get(key, default)
+        value = self.data.pop(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and parser is not parse_rate:
+            value = str(value)  # a bare number is seconds or bytes; a rate always needs its unit
+        if not isinstance(value, str):
+            raise self.error(key, f"expected a string like '10mbit', '50ms' or '75KB', got {value!r}")
+        try:
+            return parser(value)
+        except UnitError as e:
+            raise self.error(key, str(e)) from None
+
+    def text(self, key, default=_REQUIRED, choices=None) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str) or (choices and value not in choices):
+            want = f"one of {', '.join(choices)}" if choices else "a string"
+            raise self.error(key, f"expected {want}, got {value!r}")
+        return value
+
+    def rate(self, key, default=_REQUIRED):
+        return self._parsed(key, default, parse_rate)
+
+    def duration(self, key, default=_REQUIRED):
+        return self._parsed(key, default, parse_duration)
+
+    def size(self, key, default=_REQUIRED):
+        return self._parsed(key, default, parse_size)
+
+    def percent(self, key, default):
+        value = self._get(key, default)
+        if value is default:
+            return value
+        m = re.fullmatch(r"\s*([0-9.]+)\s*%\s*", str(value))
+        if not m or float(m.group(1)) > 100:
+            raise self.error(key, f"expected a percentage like '1%', got {value!r}")
+        return float(m.group(1))
+
+    def number(self, key, default=_REQUIRED, lo=-math.inf, hi=math.inf, lo_open=False, integer=False):
+        value = self._get(key, default)
+        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok_type:
+            raise self.error(key, f"expected {'an integer' if integer else 'a number'}, got {value!r}")
+        try:
+            return _in_range(value, lo, hi, lo_open=lo_open)
+        except ValueError:
+            raise self.error(key, f"{value} is out of range ({'>' if lo_open else '>='} {lo:g})") from None
+
+    def integer(self, key, default=_REQUIRED, lo=-math.inf):
+        return self.number(key, default, lo=lo, integer=True)
+
+    def names(self, key, count) -> list[str]:
+        value = self._get(key, _REQUIRED)
+        if not (isinstance(value, list) and len(value) == count and all(isinstance(v, str) for v in value)):
+            raise self.error(key, f"expected a list of {count} host names, got {value!r}")
+        return value
+
+    def allocator_list(self, key) -> list[str]:
+        value = self._get(key, _REQUIRED)
+        if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+            raise self.error(key, f"expected a non-empty list of allocator names, got {value!r}")
+        for name in value:
+            check_allocator(name, lambda msg: self.error(key, msg))
+        return value
+
+    def sub(self, key, required=True) -> "_Table":
+        value = self._get(key, _REQUIRED if required else {})
+        return _Table(self.src, value, f"[{key}]", key, 0)
+
+    def array(self, key) -> list["_Table"]:
+        value = self._get(key, [])
+        if not isinstance(value, list):
+            raise self.error(key, f"write [[{key}]] tables")
+        return [_Table(self.src, v, f"[[{key}]] #{i + 1}", key, i) for i, v in enumerate(value)]
+
+    def subtables(self, allocator=False) -> list[tuple[str, "_Table"]]:
+        out = []
+        for name in list(self.data):
+            if allocator:
+                check_allocator(name, lambda msg: self.error(name, msg))
+            out.append((name, _Table(self.src, self.data.pop(name), f"[{self.table}.{name}]", f"{self.table}.{name}", 0)))
+        return out
+
+    def positive(self, value, key):
+        if value <= 0:
+            raise self.error(key, "must be positive")
+        return value
+
+    def finish(self) -> None:
+        if self.data:
+            key = next(iter(self.data))
+            raise self.error(key, "unknown field (docs/lab.md lists the fields)")
+
+
+def check_allocator(name: str, fail: Callable[[str], Exception]) -> None:
+    """Known to the registry (agent/allocators); whether its module exists yet is checked at run time."""
+    try:
+        allocators.allocator_class(name)
+    except ValueError:
+        raise fail(f"unknown allocator {name!r}") from None
+    except ImportError:
+        pass

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Set up drl on a fresh Debian 12 machine (root): system packages, kernel
+# headers for bcc, and a venv with the project and its test extras.
+#
+#   bash scripts/setup.sh            # everything (what .ci/run calls)
+#   VENV=/opt/drl bash scripts/setup.sh
+#
+# bcc comes from Debian (python3-bpfcc), so the venv is made from Debian's
+# /usr/bin/python3 with --system-site-packages.  bcc compiles limiter.c
+# against /lib/modules/$(uname -r)/build; on a custom kernel with no header
+# package we link Debian's nearest headers there: the tc program uses only
+# UAPI structs, which are stable across these versions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+say() { printf 'setup: %s\n' "$*"; }
+
+[ "$(id -u)" = 0 ] || { echo "setup: must run as root (apt-get, kernel headers)" >&2; exit 1; }
+
+APT_PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-pip iproute2 iperf3 ethtool procps kmod)
+# vagrant is only used to `vagrant validate` the Vagrantfile; skip with DRL_NO_VAGRANT=1
+[ "${DRL_NO_VAGRANT:-0}" = 1 ] || APT_PKGS+=(vagrant)
+say "installing Debian packages: ${APT_PKGS[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${APT_PKGS[@]}" >/dev/null
+
+kver=$(uname -r)
+mod=/lib/modules/$kver
+if [ -e "$mod/build/include" ] || [ -e /sys/kernel/kheaders.tar.xz ]; then
+    say "kernel headers for $kver found"
+elif apt-get install -y -qq "linux-headers-$kver" >/dev/null 2>&1; then
+    say "installed linux-headers-$kver"
+else
+    arch=$(dpkg --print-architecture)
+    apt-get install -y -qq "linux-headers-$arch" >/dev/null
+    hdr=$(ls -d /usr/src/linux-headers-*-"$arch" | sort -V | tail -n 1)
+    common=${hdr%-"$arch"}-common
+    mkdir -p "$mod"
+    ln -sfn "$hdr" "$mod/build"
+    ln -sfn "$common" "$mod/source"
+    say "no headers packaged for kernel $kver: linked $mod/build -> $hdr and $mod/source -> $common"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating venv $VENV from /usr/bin/python3 (--system-site-packages, for bcc)"
+    /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+"$VENV/bin/python" -m pip install -q -e '.[test]'
+# grpcio-tools only bundles protoc, for the test that agent/drl_pb2.py matches
+# drl.proto; its grpcio runtime dependency is not needed for that (--no-deps).
+"$VENV/bin/python" -m pip install -q --no-deps grpcio-tools==1.85.1
+"$VENV/bin/python" -c 'import bcc' || { echo "setup: bcc does not import from $VENV" >&2; exit 1; }
+say "done: $VENV/bin/drl-agent, $VENV/bin/drlctl; tests: $VENV/bin/python -m pytest"

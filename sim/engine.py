@@ -1,0 +1,244 @@
+"""The tick loop: the agent's allocators and estimator over sim.network.
+
+    setup = Setup(allocator="fps", n_nodes=100, global_Bps=parse_rate("50mbit"), loss=0.01)
+    sim = Simulation(setup, demand=TcpFluid(flows, 100, rng))
+    sim.at(200, lambda s: s.crash([3, 4]))              # events: crash, rejoin, partition, heal
+    trace = sim.run(600, progress=print_progress)
+
+One tick is one estimate interval, and does what the agent's daemon does on
+every node, in the same order (shared/design.md "one tick"):
+
+1. deliver what the network lets through: gossip Updates into every node's
+   view (sim.views), point-to-point Envelopes into its inbox;
+2. measure: the node's own ``agent.estimator.Estimator`` turns the demand
+   model's counters and flow table into a ``Local``;
+3. allocate: ``step(state, Snapshot)`` of the allocator built by
+   ``agent.allocators.create``, the same class the agent runs;
+4. publish: ``decision.publish`` to ``branching`` random peers (or to the
+   graph neighbours), the outbox to its destinations, through the network;
+5. enforce: the demand model runs one interval under every node's Decision.
+
+Only steps 3's inputs and outputs cross into allocator code; nothing of an
+allocator is re-implemented here.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from agent.allocators import create
+from agent.allocators.graph import Graph
+from agent.allocators.base import Envelope, Mode, Snapshot
+from agent.estimator import Estimator
+from agent.gossip import _Cycle
+from agent.membership import liveness_timeout
+
+from .network import Network
+from .tcp import Enforcement
+from .trace import Trace
+from .views import ViewTable
+from .wiretap import WireTap
+
+
+class Demand(Protocol):
+    """What a demand model gives the engine (sim.tcp, sim.openloop, sim.quota)."""
+    passed: np.ndarray     # bytes forwarded per node, cumulative
+    dropped: np.ndarray    # bytes refused per node, cumulative
+
+    def advance(self, now_s: float, interval_s: float, enforce: Enforcement, alive: np.ndarray) -> None: ...
+    def counters(self, i: int) -> Any: ...
+    def flow_records(self, i: int, now_s: float) -> list: ...
+
+
+@dataclass
+class Setup:
+    allocator: str
+    n_nodes: int
+    global_Bps: float
+    params: dict = field(default_factory=dict)     # allocator parameters, as for create()
+    interval_s: float = 0.05                        # 000 §5.1: 50 ms estimate interval
+    branching: int = 3                              # gossip fan-out per interval (000 §5.6)
+    graph: Graph | None = None                      # gossip only along its edges (GDRL, DQMP)
+    loss: float = 0.0
+    delay_s: float = 0.02                           # one way; 000 §5.6: 40 ms inter-limiter RTT
+    jitter_s: float = 0.0
+    stale_s: float | None = None                    # None: agent.membership.liveness_timeout
+    estimator_ewma: float = 0.1                     # agent.estimator.Estimator's default
+    seed: int = 0
+
+    def node_ids(self) -> tuple[str, ...]:
+        width = len(str(self.n_nodes - 1))
+        return tuple(f"n{i:0{width}d}" for i in range(self.n_nodes))
+
+    def neighbours(self) -> list[list[int]] | None:
+        """Each node's graph neighbours as indexes (the allocator's own Graph)."""
+        if self.graph is None:
+            return None
+        ids = self.node_ids()
+        index = {nid: i for i, nid in enumerate(ids)}
+        adj = self.graph.adjacency(ids)
+        return [[index[m] for m in adj[nid]] for nid in ids]
+
+    def fanout(self) -> int:
+        return min(self.branching, self.n_nodes - 1)
+
+    def stale_ticks(self) -> int:
+        """Ticks after which a silent peer is stale: the agent's liveness timeout
+        (alive while silent <= timeout, so stale from timeout/interval + 1 ticks).
+        On a graph a node's peers are its neighbours and it updates them all."""
+        if self.stale_s is not None:
+            timeout = self.stale_s
+        elif self.graph is not None:
+            timeout = liveness_timeout(self.interval_s, n_peers=1, fanout=1)
+        else:
+            timeout = liveness_timeout(self.interval_s, self.n_nodes - 1, self.fanout())
+        return int(timeout / self.interval_s + 1e-9) + 1
+
+
+class Simulation:
+    def __init__(self, setup: Setup, demand: Demand):
+        self.setup, self.demand = setup, demand
+        n = setup.n_nodes
+        self.rng = np.random.default_rng(setup.seed)
+        self.ids = setup.node_ids()
+        self.index = {nid: i for i, nid in enumerate(self.ids)}
+        self.alloc = create(setup.allocator, **setup.params)
+        self.net = Network(n, setup.interval_s, self.rng, setup.loss, setup.delay_s, setup.jitter_s)
+        self.views = ViewTable(self.ids, setup.interval_s, setup.stale_ticks())
+        self.tap = WireTap(self.ids, self.rng)
+        self.states = [self.alloc.initial_state(nid, self.ids) for nid in self.ids]
+        self.estimators = [Estimator(ewma=setup.estimator_ewma) for _ in range(n)]
+        self.inbox: list[list[Envelope]] = [[] for _ in range(n)]
+        self.update_seq = np.zeros((n, n), dtype=np.int32)   # agent.gossip: per (sender, receiver)
+        self.neighbours = setup.neighbours()
+        self.cycles = [self._cycle() for _ in range(n)]
+        self.decisions: list = [None] * n
+        self.publish = np.zeros(n)
+        self.control_bytes = 0          # point-to-point bytes sent this tick
+        self.events: dict[int, list[Callable[["Simulation"], None]]] = {}
+        self.tick = 0
+
+    def _cycle(self) -> _Cycle:
+        """agent.gossip's shuffled round robin over a node's N-1 peers."""
+        return _Cycle(self.setup.n_nodes - 1, random.Random(int(self.rng.integers(2**63))))
+
+    # --- events -------------------------------------------------------
+    def at(self, tick: int, event: Callable[["Simulation"], None]) -> None:
+        self.events.setdefault(tick, []).append(event)
+
+    def crash(self, nodes: Sequence[int]) -> None:
+        self.net.crash(nodes)
+        for i in nodes:
+            self.decisions[i] = None
+
+    def rejoin(self, nodes: Sequence[int]) -> None:
+        """A restarted agent: fresh state, estimator and view; it keeps its id."""
+        self.net.rejoin(nodes)
+        for i in nodes:
+            self.states[i] = self.alloc.initial_state(self.ids[i], self.ids)
+            self.estimators[i] = Estimator(ewma=self.setup.estimator_ewma)
+            self.views.restart(i)
+            self.tap.restart(i)
+            self.update_seq[i, :] = 0
+            self.cycles[i] = self._cycle()
+            self.inbox[i] = []
+
+    # --- the loop -----------------------------------------------------
+    def run(self, n_ticks: int, progress: Callable[[int, int], None] | None = None) -> Trace:
+        trace = Trace(self.setup, n_ticks, self.demand, start_s=self.tick * self.setup.interval_s)
+        for k in range(n_ticks):
+            self.step(trace, k)
+            if progress:
+                progress(k + 1, n_ticks)
+        return trace
+
+    def step(self, trace: Trace, row: int) -> None:
+        """One tick; ``row`` is where ``trace`` records it."""
+        s, k = self.setup, self.tick
+        now = k * s.interval_s
+        for event in self.events.pop(k, []):
+            event(self)
+        self._deliver(k)
+        enforce = self._allocate(now, k)
+        control = self._publish(k, now)
+        self.demand.advance(now, s.interval_s, enforce, self.net.alive)
+        trace.record(row, self, enforce, control)
+        self.tick += 1
+
+    def _deliver(self, k: int) -> None:
+        batch = self.net.due_updates(k)
+        self.tap.received(batch.dst, batch.src, batch.seq)
+        self.views.expire(k)            # first: an update arriving right now revives the peer
+        self.views.receive(batch, k)
+        arrived = self.net.due_envelopes(k)
+        for dst, env, _ in arrived:
+            self.inbox[dst].append(env)
+        if arrived:
+            dst, src, seq = (np.array(col) for col in
+                             zip(*((d, self.index[e.src], q) for d, e, q in arrived)))
+            self.tap.received(dst, src, seq)
+            self.views.touch(dst, src, k)
+
+    def _allocate(self, now: float, k: int) -> Enforcement:
+        s, n = self.setup, self.setup.n_nodes
+        mode = np.full(n, int(Mode.PASS))
+        limit, drop, quota = np.zeros(n), np.zeros(n), np.full(n, np.inf)
+        alive = self.net.alive
+        for i in range(n):
+            if not alive[i]:
+                continue
+            local = self.estimators[i].update(now, self.demand.counters(i),
+                                              self.demand.flow_records(i, now), int(now * 1e9))
+            nb = self.neighbours[i] if self.neighbours else None
+            snap = Snapshot(now=now, node_id=self.ids[i], interval_s=s.interval_s, global_Bps=s.global_Bps,
+                            local=local, view=self.views.view(i, k, nb), inbox=tuple(self.inbox[i]))
+            self.inbox[i] = []
+            out = self.alloc.step(self.states[i], snap)
+            self.states[i], d = out.state, out.decision
+            self.decisions[i] = d
+            mode[i], limit[i], drop[i] = int(d.mode), d.limit_Bps, d.drop_probability
+            quota[i] = np.inf if d.quota_bytes is None else d.quota_bytes
+            self.publish[i] = d.publish
+            self._send_outbox(i, out.outbox, k, now)
+        return Enforcement(mode, limit, drop, quota)
+
+    def _send_outbox(self, i: int, outbox: Sequence[Envelope], k: int, now: float) -> None:
+        for env in outbox:
+            dst = self.index.get(env.dst)
+            if dst is None:
+                continue   # the agent's gossip drops a message to an unknown peer the same way
+            self.update_seq[i, dst] += 1        # one sequence stream per (sender, receiver)
+            seq = int(self.update_seq[i, dst])
+            self.control_bytes += self.tap.envelope_sent(self.ids[i], env, seq, now)
+            self.net.send_envelope(i, dst, Envelope(env.body, dst=env.dst, src=self.ids[i]), seq, k)
+
+    def _targets(self, senders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of this tick's Updates: every graph neighbour, or ``fanout``
+        peers chosen by each node's gossip cycle (agent.gossip.GossipCore.targets)."""
+        n = self.setup.n_nodes
+        if self.neighbours is not None:
+            dst = [np.asarray(self.neighbours[i], dtype=np.int64) for i in senders]
+        elif self.setup.fanout() >= n - 1:
+            dst = [np.delete(np.arange(n), i) for i in senders]
+        else:
+            k = self.setup.fanout()
+            dst = [(i + 1 + np.array(self.cycles[i].take(k))) % n for i in senders]
+        if not dst:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        src = np.repeat(senders, [len(d) for d in dst])
+        return src, np.concatenate(dst).astype(np.int64)
+
+    def _publish(self, k: int, now: float) -> int:
+        """Gossip every alive node's published value; returns the control bytes of this tick."""
+        senders = np.flatnonzero(self.net.alive)
+        src, dst = self._targets(senders)
+        self.update_seq[src, dst] += 1
+        seq = self.update_seq[src, dst].astype(np.int64)
+        value = self.publish[src]
+        self.net.send_updates(src, dst, value, seq, k)
+        control = self.tap.updates_sent(seq, value) + self.control_bytes
+        self.control_bytes = 0
+        return control

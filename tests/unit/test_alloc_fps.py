@@ -1,0 +1,282 @@
+"""FPS (000_efbf5459a9d12355.txt §3.2.2, Fig. 2, Appendix): the two regimes by hand,
+the Appendix's stability claim, conservation of L, and a tiny fluid TCP loop
+reaching the baseline's 3:7 split (§5.1) and Fig. 7's bottlenecked case."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from agent.allocators import common, create
+from agent.allocators.base import Local, PeerState, Snapshot
+from agent.allocators.common import ParameterError
+from agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, FpsState
+
+MBIT = 1e6 / 8                     # bytes/s
+L = 10 * MBIT
+INTERVAL = 0.05
+
+
+def ids(n: int) -> tuple[str, ...]:
+    return tuple(f"n{i}" for i in range(n))
+
+
+def views(published: list[float], group: list[int] | None = None) -> list:
+    """Each node's view of the others' published values; nodes see each other
+    alive only within their group (None: everyone is one group)."""
+    members = ids(len(published))
+    group = group or [0] * len(published)
+    out = []
+    for i in range(len(published)):
+        peers = [PeerState(members[j], published[j], group[j] == group[i], 0.0)
+                 for j in range(len(published)) if j != i]
+        out.append(common.peer_view(members, peers))
+    return out
+
+
+def snap(i: int, view, local: Local, now: float = INTERVAL, global_Bps: float = L) -> Snapshot:
+    return Snapshot(now=now, node_id=f"n{i}", interval_s=INTERVAL, global_Bps=global_Bps,
+                    local=local, view=view)
+
+
+def one_step(state: FpsState, local: Local, others: list[float], ewma: float = 0.0, now: float = INTERVAL):
+    """Node n0 with ``state`` and ``local``, the others having published ``others``."""
+    alloc = create("fps", ewma=ewma)
+    return alloc.step(state, snap(0, views([state.weight or 0.0, *others])[0], local, now))
+
+
+# --- the two regimes, by hand ------------------------------------------------
+
+def test_regime1_weight_is_limit_over_fastest_flow():
+    # Lines 4-6: 3 Mbit/s limit met by three 0.9 and one 0.3 Mbit/s flows:
+    # weight = 3 / 0.9 = 3.33.  The limit comes from the published weights 3 : 7.
+    local = Local(demand_Bps=3 * MBIT, flow_rates_Bps=(0.9 * MBIT, 0.9 * MBIT, 0.3 * MBIT, 0.9 * MBIT))
+    step = one_step(FpsState(weight=3.0, limit_Bps=3 * MBIT, now=0.0), local, [7.0])
+    assert step.decision.info["regime"] == UNBOTTLENECKED
+    assert step.decision.publish == pytest.approx(10 / 3)
+    assert step.decision.limit_Bps == pytest.approx(3 * MBIT)        # 3 * 10 / (3 + 7)
+
+
+@pytest.mark.parametrize("utilisation, regime", [(1.02, UNBOTTLENECKED), (0.96, UNBOTTLENECKED),
+                                                 (0.94, BOTTLENECKED)])
+def test_regime_threshold_tolerates_a_bucket_running_just_under(utilisation, regime):
+    local = Local(demand_Bps=utilisation * 3 * MBIT, flow_rates_Bps=(MBIT,))
+    step = one_step(FpsState(weight=3.0, limit_Bps=3 * MBIT, now=0.0), local, [7.0])
+    assert step.decision.info["regime"] == regime
+
+
+def test_regime2_weight_sets_the_limit_to_the_demand():
+    # Lines 8-10: demand 2 under a 4 Mbit/s limit, remote weight 3, L = 10:
+    # weight = 2 * 3 / (10 - 2) = 0.75, and 0.75 * 10 / (3 + 0.75) = 2 = the demand.
+    local = Local(demand_Bps=2 * MBIT, flow_rates_Bps=(1 * MBIT, 1 * MBIT))
+    step = one_step(FpsState(weight=3.0, limit_Bps=4 * MBIT, now=0.0), local, [3.0])
+    assert step.decision.info["regime"] == BOTTLENECKED
+    assert step.decision.publish == pytest.approx(0.75)
+    after = one_step(step.state, local, [3.0], now=2 * INTERVAL)
+    assert after.decision.limit_Bps == pytest.approx(2 * MBIT)
+
+
+def test_regime2_alone_claims_no_weight_and_idle_cluster_splits_evenly():
+    # No remote weight: line 9 gives 0; with every weight 0 each node gets L/N.
+    local = Local(demand_Bps=2 * MBIT)
+    step = one_step(FpsState(weight=1.0, limit_Bps=5 * MBIT, now=0.0), local, [0.0])
+    assert step.decision.publish == 0.0
+    assert one_step(step.state, local, [0.0], now=2 * INTERVAL).decision.limit_Bps == pytest.approx(L / 2)
+
+
+@pytest.mark.parametrize("elapsed, kept", [(INTERVAL, 0.1 ** 0.05), (0.5, 0.1 ** 0.5)])
+def test_ewma_is_per_second(elapsed, kept):
+    # ewma=0.1 leaves 10 % of the old weight after one second, ewma**dt per tick.
+    local = Local(demand_Bps=3 * MBIT, flow_rates_Bps=(1 * MBIT,))    # ideal weight 3
+    step = one_step(FpsState(weight=1.0, limit_Bps=3 * MBIT, now=1.0), local, [7.0], ewma=0.1,
+                    now=1.0 + elapsed)
+    assert step.decision.publish == pytest.approx(kept * 1.0 + (1 - kept) * 3.0)
+
+
+def test_slow_start_gives_new_demand_its_rate_for_one_interval():
+    # A limiter at limit 0 sees 0.5 Mbit/s: limit = demand, and it publishes the
+    # line-9 weight 0.5 * 5 / (10 - 0.5) unsmoothed so the peer makes room.
+    step = one_step(FpsState(weight=0.0, limit_Bps=0.0, now=0.0), Local(demand_Bps=0.5 * MBIT), [5.0],
+                    ewma=0.5)
+    assert step.decision.info["regime"] == SLOW_START
+    assert step.decision.limit_Bps == pytest.approx(0.5 * MBIT)
+    assert step.decision.publish == pytest.approx(0.5 * 5 / 9.5)
+
+
+def test_slow_start_claims_at_most_one_nth():
+    step = one_step(FpsState(weight=0.0, limit_Bps=0.0, now=0.0), Local(demand_Bps=8 * MBIT), [5.0])
+    assert step.decision.limit_Bps == pytest.approx(L / 2)
+
+
+def test_small_flows_are_discarded_and_unsampled_demand_counts_one_flow():
+    # Only a decayed 10 B/s sample (below 1e-4 of L): no absurd 3 Mbit/s / 10 B/s weight.
+    local = Local(demand_Bps=3 * MBIT, flow_rates_Bps=(10.0,))
+    step = one_step(FpsState(weight=3.0, limit_Bps=3 * MBIT, now=0.0), local, [7.0])
+    assert step.decision.publish == 1.0
+
+
+def test_first_step_starts_from_the_even_split():
+    alloc = create("fps")
+    state = alloc.initial_state("n0", ids(2))
+    step = alloc.step(state, snap(0, views([0.0, 0.0])[0], Local(demand_Bps=0.0)))
+    assert step.decision.limit_Bps == pytest.approx(L / 2)
+
+
+@pytest.mark.parametrize("params", [{"ewma": 1.0}, {"ewma": -0.1}, {"regime_threshold": 0.0},
+                                    {"regime_threshold": 1.5}, {"sample_probability": 0.0},
+                                    {"min_flow_fraction": 1.0}, {"min_flow_fraction": 0.0}, {"ewma": math.nan}])
+def test_bad_parameters_are_one_line_errors(params):
+    with pytest.raises(ParameterError, match=next(iter(params))):
+        create("fps", **params)
+
+
+# --- synchronous rounds -------------------------------------------------------
+
+def run_round(alloc, states: list[FpsState], locals_: list[Local], now: float, group=None):
+    published = [s.weight or 0.0 for s in states]
+    steps = [alloc.step(states[i], snap(i, view, locals_[i], now))
+             for i, view in enumerate(views(published, group))]
+    return [s.state for s in steps], [s.decision for s in steps]
+
+
+@st.composite
+def appendix_model(draw):
+    """The Appendix's model: a_i >= 1 unbottlenecked flows at limiter i and
+    bottlenecked flows slower than the fair share s (rates x * s, 0 < x < 1)."""
+    n = draw(st.integers(1, 8))
+    a = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
+    caps = draw(st.lists(st.lists(st.floats(0.01, 0.99), max_size=5), min_size=n, max_size=n))
+    return a, caps
+
+
+@given(model=appendix_model(), ewma=st.floats(0.0, 0.9))
+def test_appendix_ideal_allocation_is_a_fixed_point(model, ewma):
+    a, caps = model
+    # Fair share s of an unbottlenecked flow, scaled so that the limits sum to L.
+    s = L / (sum(a) + sum(map(sum, caps)))
+    bottlenecked = [s * sum(c) for c in caps]
+    ideal = [a_i * s + b_i for a_i, b_i in zip(a, bottlenecked)]        # I_i = U a_i / A + B_i
+    weights = [i_i * a_i / (i_i - b_i) for i_i, a_i, b_i in zip(ideal, a, bottlenecked)]
+    locals_ = [Local(demand_Bps=i_i, flow_rates_Bps=(s,) * a_i + tuple(x * s for x in c))
+               for i_i, a_i, c in zip(ideal, a, caps)]
+    alloc = create("fps", ewma=ewma)
+    states = [FpsState(weight=w, limit_Bps=i_i, now=0.0) for w, i_i in zip(weights, ideal)]
+    for k in (1, 2):            # the second round allocates from the recomputed weights
+        states, decisions = run_round(alloc, states, locals_, now=k * INTERVAL)
+        for d, w, i_i in zip(decisions, weights, ideal):
+            assert d.info["regime"] == UNBOTTLENECKED
+            assert d.publish == pytest.approx(w, rel=1e-6)
+            assert d.limit_Bps == pytest.approx(i_i, rel=1e-6)
+
+
+@st.composite
+def cluster(draw):
+    n = draw(st.integers(1, 8))
+    weight = st.one_of(st.just(0.0), st.floats(0.0, 100.0))
+    weights = draw(st.lists(weight, min_size=n, max_size=n))
+    limits = draw(st.lists(st.one_of(st.just(0.0), st.floats(0.0, L)), min_size=n, max_size=n))
+    demands = draw(st.lists(st.one_of(st.just(0.0), st.floats(0.0, 2 * L)), min_size=n, max_size=n))
+    flows = draw(st.lists(st.lists(st.floats(0.0, L), max_size=4), min_size=n, max_size=n))
+    locals_ = [Local(demand_Bps=d, flow_rates_Bps=tuple(f)) for d, f in zip(demands, flows)]
+    states = [FpsState(weight=w, limit_Bps=lim, now=0.0) for w, lim in zip(weights, limits)]
+    return states, locals_
+
+
+def check_decisions(decisions, locals_, limit_Bps: float, n_sharing: int):
+    """Line 10 shares sum to ``limit_Bps``; a node's limit is its share, except in
+    slow start where it is its demand up to L/N; nothing negative or infinite."""
+    assert sum(d.info["share_Bps"] for d in decisions) == pytest.approx(limit_Bps, rel=1e-9)
+    for d, local in zip(decisions, locals_):
+        assert d.limit_Bps >= 0.0 and 0.0 <= d.publish < math.inf
+        expected = d.info["share_Bps"]
+        if d.info["regime"] == SLOW_START:
+            expected = min(local.demand_Bps, limit_Bps / n_sharing)
+        assert d.limit_Bps == pytest.approx(expected, rel=1e-9)
+
+
+@settings(max_examples=200)
+@given(start=cluster(), ewma=st.floats(0.0, 0.9))
+def test_limits_conserve_the_global_limit_every_round(start, ewma):
+    states, locals_ = start
+    alloc = create("fps", ewma=ewma)
+    for k in range(1, 4):
+        states, decisions = run_round(alloc, states, locals_, now=k * INTERVAL)
+        check_decisions(decisions, locals_, L, len(states))
+
+
+@given(start=cluster(), groups=st.lists(st.integers(-1, 2), min_size=8, max_size=8))
+def test_stale_peers_shrink_the_sum_below_the_limit(start, groups):
+    """Nodes see each other alive within a group, the rest stale (a partition);
+    group -1 is dead and enforces nothing.  Each group shares L * |group| / N."""
+    states, locals_ = start
+    group = groups[:len(states)]
+    alloc = create("fps")
+    states, decisions = run_round(alloc, states, locals_, INTERVAL, group)
+    n = len(states)
+    for g in set(group) - {-1}:
+        members = [i for i in range(n) if group[i] == g]
+        check_decisions([decisions[i] for i in members], [locals_[i] for i in members],
+                        L * len(members) / n, len(members))
+    live_shares = sum(d.info["share_Bps"] for d, g in zip(decisions, group) if g != -1)
+    assert live_shares <= L * (1 + 1e-9)
+
+
+# --- a tiny fluid TCP loop ----------------------------------------------------
+
+def fluid_flows(limit_Bps: float, unbottlenecked: int, caps: list[float]) -> list[float]:
+    """Max-min fair TCP through a bucket: capped flows get min(cap, fair share),
+    the unbottlenecked ones split what is left equally."""
+    rates, left, caps = [], limit_Bps, sorted(caps)
+    for k, cap in enumerate(caps):
+        fair = left / (unbottlenecked + len(caps) - k)
+        if cap > fair:
+            return rates + [fair] * (unbottlenecked + len(caps) - k)
+        rates.append(cap)
+        left -= cap
+    return rates + [left / unbottlenecked] * unbottlenecked if unbottlenecked else rates
+
+
+def fluid_run(phases: list[tuple[int, list[tuple[int, list[float]]]]]) -> list[list[float]]:
+    """Synchronous FPS over limiters whose flows change by phase: (rounds, [(a_i, caps_i)]).
+    Returns each round's limits; demand in a round is measured under the previous limits."""
+    alloc = create("fps")                     # paper defaults: 1-second EWMA 0.1, 50 ms ticks
+    n = len(phases[0][1])
+    states = [alloc.initial_state(f"n{i}", ids(n)) for i in range(n)]
+    limits, history, now = [L / n] * n, [], 0.0
+    for rounds, flows in phases:
+        for _ in range(rounds):
+            now += INTERVAL
+            rates = [fluid_flows(lim, a, caps) for lim, (a, caps) in zip(limits, flows)]
+            locals_ = [Local(demand_Bps=sum(r), flow_rates_Bps=tuple(r)) for r in rates]
+            states, decisions = run_round(alloc, states, locals_, now)
+            limits = [d.limit_Bps for d in decisions]
+            history.append(limits)
+    return history
+
+
+def test_fluid_baseline_converges_to_3_to_7():
+    # §5.1 baseline: 2 limiters, 10 Mbit/s, after a 5:5 phase the flows become 3 vs 7.
+    history = fluid_run([(40, [(5, []), (5, [])]), (60, [(3, []), (7, [])])])
+    assert history[39] == pytest.approx([5 * MBIT, 5 * MBIT], rel=1e-6)
+    for limits in history[40 + 36:]:             # within 36 intervals (1.8 s), and stays
+        assert limits == pytest.approx([3 * MBIT, 7 * MBIT], rel=0.02)
+    assert all(sum(limits) == pytest.approx(L) for limits in history)
+
+
+def test_fluid_bottlenecked_flows_release_their_share():
+    # Fig. 7: the 7 flows at limiter 2 meet a 2 Mbit/s upstream bottleneck, so
+    # limiter 1's 3 flows should get ~8 Mbit/s; then one unbottlenecked flow joins
+    # limiter 2, whose share should grow to 40 % (2 bottlenecked + 2 for the new flow).
+    capped = [2 * MBIT / 7] * 7
+    history = fluid_run([(40, [(3, []), (7, [])]), (100, [(3, []), (0, capped)]),
+                         (150, [(3, []), (1, capped)])])
+    # Limiter 2 keeps re-entering regime 1 (a bottlenecked flow is its fastest
+    # sample), the probing oscillation §3.2.2 calls necessary: limiter 1 gets 8
+    # Mbit/s less what the probes borrow, and the capped flows are never squeezed.
+    phase2 = history[40 + 40:140]
+    assert sum(limits[0] for limits in phase2) / len(phase2) >= 7 * MBIT
+    assert min(limits[1] for limits in phase2) >= 2 * MBIT
+    for limits in history[140 + 40:]:
+        assert limits == pytest.approx([6 * MBIT, 4 * MBIT], rel=0.02)
+    assert all(sum(limits) == pytest.approx(L) for limits in history)

@@ -1,0 +1,299 @@
+"""agent/gossip.py: address parsing, the socket-free core (sequencing, loss, branching,
+routing, counters) over an in-memory network, and real UDP on 127.0.0.1."""
+from __future__ import annotations
+
+import math
+import random
+import socket
+import time
+
+import pytest
+
+from agent.allocators.base import Envelope, Transfer
+from agent.gossip import (AddressError, GossipCore, Stats, TransportError, UdpTransport, format_addr,
+                          parse_hostport, parse_peers)
+from agent.membership import Membership
+from agent.wire import MAX_DATAGRAM, Heartbeat, Update
+
+KEY = b"k" * 32
+
+
+# -- addresses -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,expected", [
+    ("10.0.0.1:7000", ("10.0.0.1", 7000)),
+    (" h1.example:65535 ", ("h1.example", 65535)),
+    ("[::1]:7000", ("::1", 7000)),
+    ("[fe80::1%eth0]:1", ("fe80::1%eth0", 1)),
+])
+def test_parse_hostport(text, expected):
+    assert parse_hostport(text) == expected
+    assert parse_hostport(format_addr(expected)) == expected
+
+
+@pytest.mark.parametrize("text,message", [
+    ("10.0.0.1", "expected HOST:PORT"),
+    (":7000", "expected HOST:PORT"),
+    ("[::1]7000", "expected HOST:PORT"),
+    ("::1:7000", r"IPv6 address needs brackets: \[::1\]:7000"),
+    ("h:0", "bad port"),
+    ("h:70000", "bad port"),
+    ("h:http", "bad port"),
+])
+def test_parse_hostport_errors(text, message):
+    with pytest.raises(AddressError, match=message):
+        parse_hostport(text)
+
+
+def test_parse_peers():
+    assert parse_peers("10.0.0.2:7000, [::1]:7001,") == [("10.0.0.2", 7000), ("::1", 7001)]
+    assert parse_peers("") == []
+    with pytest.raises(AddressError, match=r"peer listed twice: \[::1\]:7001"):
+        parse_peers("[::1]:7001,10.0.0.2:7000,[::1]:7001")
+    with pytest.raises(AddressError, match="bad port"):
+        parse_peers("10.0.0.2:7000,10.0.0.3:x")
+
+
+# -- the core over an in-memory network ---------------------------------------------------------
+
+class Net:
+    """Cores addressed "a", "b", ... with node ids "A", "B", ...; delivery is explicit."""
+
+    def __init__(self, n: int, fanout: int = 10, key: bytes | None = KEY):
+        self.addrs = [chr(ord("a") + i) for i in range(n)]
+        self.cores = {a: self.core(a, fanout, key) for a in self.addrs}
+
+    def core(self, addr, fanout=10, key=KEY, incarnation=1):
+        others = [p for p in self.addrs if p != addr]
+        return GossipCore(addr.upper(), "c", key, others, fanout, incarnation, random.Random(addr))
+
+    def deliver(self, src, sent, now=0.0):
+        return [rx for dst, data in sent
+                if (rx := self.cores[dst].receive(data, src, now)) is not None]
+
+
+def test_updates_reach_every_peer_in_a_mesh_and_ids_are_learned():
+    net = Net(3)
+    rxs = net.deliver("a", net.cores["a"].publish({1: 10.0, 2: 20.0}, now=5.0))
+    assert sorted((rx.header.dst, rx.header.class_id, rx.payload) for rx in rxs) == [
+        ("", 1, Update(10.0)), ("", 1, Update(10.0)), ("", 2, Update(20.0)), ("", 2, Update(20.0))]
+    assert {rx.header.node for rx in rxs} == {"A"} and rxs[0].header.sent_at == 5.0
+    # b has now learned that "a" is A, so its datagrams to a name the receiver
+    rx = net.deliver("b", [s for s in net.cores["b"].publish({}, 6.0) if s[0] == "a"])[0]
+    assert rx.header.dst == "A" and rx.payload == Heartbeat()
+
+
+def test_heartbeat_when_nothing_to_publish():
+    net = Net(3)
+    sent = net.cores["a"].publish({}, 0.0)
+    assert len(sent) == 2
+    assert all(rx.payload == Heartbeat() for rx in net.deliver("a", sent))
+
+
+def test_loss_detection_and_late_arrival():
+    net = Net(2)
+    a, b = net.cores["a"], net.cores["b"]
+    stream = [a.publish({1: float(i)}, i)[0][1] for i in range(6)]
+    assert b.receive(stream[0], "a", 0).gap == 0
+    assert b.receive(stream[3], "a", 3).gap == 2       # 1 and 2 lost
+    assert b.stats.lost == 2
+    late = b.receive(stream[1], "a", 4)
+    assert late.gap == 0 and late.payload == Update(1.0) and b.stats.lost == 1
+    assert b.receive(stream[5], "a", 5).gap == 1
+    assert b.stats.lost == 2 and b.stats.received == 4
+
+
+def test_replays_and_bad_sources_are_rejected_and_counted():
+    net = Net(3)
+    a, b, c = (net.cores[x] for x in "abc")
+    for core in (b, c):                       # let a learn B and C, so it fills in dst
+        net.deliver(core.node_id.lower(), [s for s in core.publish({}, 0) if s[0] == "a"])
+    sent = dict(a.publish({1: 1.0}, 1.0))
+    assert b.receive(sent["b"], "a", 1) is not None
+    assert b.receive(sent["b"], "a", 1) is None                 # replay
+    assert b.receive(sent["c"], "a", 1) is None                 # captured on the a->c link
+    assert b.receive(sent["b"], "z", 1) is None                 # not a configured peer
+    assert b.receive(b.publish({}, 1)[0][1], "a", 1) is None    # own datagram looped back
+    assert b.receive(b"\x00" * 40, "a", 1) is None
+    assert b.receive(sent["b"][:-1] + b"!", "a", 1) is None
+    assert dict(b.stats.rejected) == {"replayed": 1, "wrong_dst": 1, "unknown_peer": 1, "loop": 1,
+                                      "forged": 2}
+    assert b.stats.received == 1
+
+
+def test_wrong_key_changes_nothing():
+    net = Net(2)
+    intruder = GossipCore("A", "c", b"w" * 32, ["b"], 1, 1)
+    b = net.cores["b"]
+    assert net.deliver("a", intruder.publish({1: 1e9}, 0)) == []
+    assert b.stats.rejected == {"forged": 1} and b.stats.received == 0
+    assert b.route(Envelope(Transfer(1, 1.0), dst="A"), 1, 0) is None   # nothing learned
+
+
+def test_restarted_peer_gets_a_fresh_window_and_old_life_is_rejected():
+    net = Net(2)
+    b = net.cores["b"]
+    old = net.cores["a"]
+    first = [old.publish({1: 1.0}, t)[0][1] for t in range(3)]
+    assert b.receive(first[2], "a", 2) is not None
+    reborn = net.core("a", incarnation=2)                   # seq starts at 1 again
+    rx = b.receive(reborn.publish({1: 5.0}, 3)[0][1], "a", 3)
+    assert rx.header.incarnation == 2 and rx.header.seq == 1
+    assert b.receive(first[0], "a", 4) is None               # a replay from the previous life
+    assert b.stats.rejected == {"old_incarnation": 1}
+
+
+def test_point_to_point_routing():
+    net = Net(3)
+    a = net.cores["a"]
+    env = Envelope(Transfer(xfer_id=3, amount=2.5, link_total=7.5), dst="C")
+    assert a.route(env, 4, 0) is None and a.stats.unroutable == 1
+    net.deliver("c", [s for s in net.cores["c"].publish({}, 0) if s[0] == "a"])
+    addr, data = a.route(env, 4, 1)
+    rx = net.cores["c"].receive(data, "a", 1)
+    assert addr == "c" and rx.header.class_id == 4
+    assert rx.envelope == Envelope(Transfer(3, 2.5, 7.5), src="A")
+
+
+@pytest.mark.parametrize("n_peers,fanout", [(1, 1), (7, 1), (10, 3), (12, 4), (9, 8), (490, 3)])
+def test_branching_picks_distinct_targets_and_serves_everyone_each_cycle(n_peers, fanout):
+    core = GossipCore("X", "c", None, list(range(n_peers)), fanout, 1, random.Random(1))
+    rounds = math.ceil(n_peers / fanout)
+    last = {p: -1 for p in range(n_peers)}
+    worst = 0
+    for t in range(20 * rounds):
+        targets = core.targets()
+        assert len(targets) == min(fanout, n_peers) == len(set(targets))
+        for p in targets:
+            worst = max(worst, t - last[p])
+            last[p] = t
+    assert worst <= 2 * rounds     # the bound membership.liveness_timeout relies on
+
+
+def test_fanout_at_least_peers_is_a_mesh():
+    core = GossipCore("X", "c", None, ["p", "q", "r"], 5, 1)
+    assert [core.targets() for _ in range(3)] == [["p", "q", "r"]] * 3
+    with pytest.raises(ValueError, match="fanout must be >= 1"):
+        GossipCore("X", "c", None, ["p"], 0, 1)
+
+
+def test_targets_are_random():
+    picks = {tuple(GossipCore("X", "c", None, list(range(50)), 3, 1, random.Random(s)).targets())
+             for s in range(20)}
+    assert len(picks) > 15
+
+
+def test_counters_and_control_bandwidth():
+    stats = Stats(window_s=2.0, overhead_bytes=28)
+    core = GossipCore("A", "c", KEY, ["b", "c", "d"], 2, 1, stats=stats)
+    sizes = []
+    for t in range(10):                                  # 10 intervals of 0.5 s: 2 peers x 2 classes
+        sent = core.publish({1: 1.0, 2: 2.0}, t * 0.5)
+        assert len(sent) == 4
+        sizes.append(sum(len(data) for _, data in sent))
+    assert stats.sent == 40 and stats.sent_bytes == sum(sizes)
+    # the last 2 s hold 4 intervals (t = 3.0 .. 4.5) of 4 datagrams each
+    assert stats.control_bps(4.5) == pytest.approx(8 * (sum(sizes[-4:]) + 16 * 28) / 2.0)
+    assert stats.control_bps(100.0) == 0.0
+    assert stats.as_dict(100.0)["messages_sent"] == 40
+
+
+# -- real UDP on loopback -----------------------------------------------------------------------
+
+def free_ports(n):
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def udp(node, port, peers, key=KEY, **kw):
+    return UdpTransport(("127.0.0.1", port), [("127.0.0.1", p) for p in peers], node_id=node,
+                        cluster="c", key=key, fanout=kw.pop("fanout", 3), incarnation=1, **kw)
+
+
+def poll_until(transport, now, want, tries=100):
+    """Loopback delivery is immediate on Linux; the retries only absorb scheduling noise."""
+    got = transport.poll(now)
+    for _ in range(tries - 1):
+        if len(got) >= want:
+            break
+        time.sleep(0.01)
+        got += transport.poll(now)
+    return got
+
+
+def test_udp_loopback_right_and_wrong_key():
+    pa, pb, pc = free_ports(3)
+    with udp("A", pa, [pb, pc]) as a, udp("B", pb, [pa, pc]) as b, \
+            udp("C", pc, [pa, pb], key=b"w" * 32) as intruder:
+        members = Membership("B", b.peer_addrs, timeout_s=1.0)
+        a.publish({1: 125000.0}, now=0.0)
+        intruder.publish({1: 9e9}, now=0.0)
+        a.publish({1: 250000.0}, now=0.1)
+        rxs = poll_until(b, 0.1, 2)
+        for rx in rxs:
+            members.observe(rx, 0.1)
+        assert [rx.payload for rx in rxs] == [Update(125000.0), Update(250000.0)]
+        view = members.view(1, 0.1)
+        assert view.remote_sum == 250000.0 and view.n_alive == 1
+        assert view.members == ("?127.0.0.1:%d" % pc, "A", "B")
+        assert b.stats.rejected == {"forged": 1} and b.stats.received == 2
+        assert b.send(Envelope(Transfer(1, 10.0), dst="A"), 1, 0.2)
+        [rx] = poll_until(a, 0.2, 1)
+        assert rx.envelope == Envelope(Transfer(1, 10.0), src="B") and rx.header.dst == "A"
+
+
+def test_udp_queue_bound_and_oversized():
+    pa, pb = free_ports(2)
+    with udp("A", pa, [pb]) as a, udp("B", pb, [pa], queue_size=2) as b:
+        for t in range(5):
+            a.publish({1: float(t)}, t)
+        a.sock.sendto(b"x" * (MAX_DATAGRAM + 100), ("127.0.0.1", pb))
+        got = poll_until(b, 5.0, 2, tries=1)
+        assert [rx.payload.value for rx in got] == [0.0, 1.0]
+        assert b.stats.rejected == {"queue_full": 4}
+        a.sock.sendto(b"x" * (MAX_DATAGRAM + 100), ("127.0.0.1", pb))
+        poll_until(b, 6.0, 1, tries=1)
+        assert b.stats.rejected["oversized"] == 1
+
+
+def test_udp_bind_errors_are_one_line():
+    [port] = free_ports(1)
+    with udp("A", port, []):
+        with pytest.raises(TransportError, match=f"cannot listen on 127.0.0.1:{port}: port already in use"):
+            udp("B", port, [])
+    with pytest.raises(TransportError, match="address is not on this host"):
+        UdpTransport(("192.0.2.1", 7000), [], node_id="A", cluster="c", key=None, fanout=1,
+                     incarnation=1)
+    with pytest.raises(TransportError, match="cannot resolve no-such-host.invalid:7000"):
+        UdpTransport(("127.0.0.1", 0), [("no-such-host.invalid", 7000)], node_id="A",
+                     cluster="c", key=None, fanout=1, incarnation=1)
+
+
+def test_udp_peer_list_may_name_this_node():
+    [pa] = free_ports(1)
+    with udp("A", pa, [pa, 7001]) as a:
+        assert list(a.peer_addrs) == [("127.0.0.1", 7001)] and ("127.0.0.1", 7001) in a.peer_addrs
+
+
+def test_udp_ipv6_loopback():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no ::1 on this host")
+    pa, pb = free_ports(2)
+    with UdpTransport(("::1", pa), [("::1", pb)], node_id="A", cluster="c", key=KEY, fanout=1,
+                      incarnation=1) as a, \
+            UdpTransport(("::1", pb), [parse_hostport(f"[::1]:{pa}")], node_id="B", cluster="c",
+                         key=KEY, fanout=1, incarnation=1) as b:
+        a.publish({}, 0.0)
+        [rx] = poll_until(b, 0.0, 1)
+        assert rx.addr == ("::1", pa) and rx.payload == Heartbeat()
+        assert b.stats.overhead_bytes == 48

@@ -1,0 +1,53 @@
+"""drl-lab's commands: names, help, and one-line errors (nothing here needs root)."""
+from click.testing import CliRunner
+
+from cli.lab import main, render
+
+
+def test_list_shows_every_builtin():
+    res = CliRunner().invoke(main, ["list"])
+    assert res.exit_code == 0
+    for name in ("baseline", "flow-join", "bottleneck", "web", "demand-shift"):
+        assert name in res.output
+
+
+def test_help_names_the_commands():
+    res = CliRunner().invoke(main, ["--help"])
+    assert res.exit_code == 0
+    assert all(cmd in res.output for cmd in ("run", "list", "clean", "demo"))
+
+
+def test_bad_file_is_one_line_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[experiment]\nduration = "5s"\nglobal = "10mbps"\n')
+    res = CliRunner().invoke(main, ["run", str(bad)])
+    assert res.exit_code == 1
+    assert res.output.startswith("Error: ") and "bad.toml:3: [experiment]: field 'global'" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_unknown_experiment():
+    res = CliRunner().invoke(main, ["run", "nosuch"])
+    assert res.exit_code == 1 and "no experiment 'nosuch'" in res.output
+
+
+def test_bad_duration_is_a_usage_error():
+    res = CliRunner().invoke(main, ["run", "baseline", "--duration", "-5s"])
+    assert res.exit_code == 2 and "duration" in res.output
+
+
+def _run(alloc, jain, shares):
+    return {"experiment": "baseline", "allocator": alloc, "repeat": 1, "global_limit_bps": 10e6,
+            "aggregate_bps": 9.8e6, "utilization": 0.98, "jain_index": jain,
+            "limiters": [{"name": n, "flows": f, "share": s} for n, f, s in shares]}
+
+
+def test_render_puts_allocators_side_by_side():
+    runs = [_run("fps", 0.95, [("l1", 3, 0.3), ("l2", 7, 0.7)]), _run("ctb", 0.97, [("l1", 3, 0.31), ("l2", 7, 0.69)])]
+    text = render({"experiment": "baseline", "runs": runs,
+                   "comparison": [{"allocator": "fps", "runs": 1, "jain_index": 0.95},
+                                  {"allocator": "ctb", "runs": 1, "jain_index": 0.97}]})
+    lines = text.splitlines()
+    assert lines[0].split() == ["baseline", "fps", "ctb"]
+    assert any(l.split()[:2] == ["l2", "share"] and "0.700" in l and "0.690" in l for l in lines)
+    assert any(l.startswith("Jain's index") and "0.950" in l and "0.970" in l for l in lines)

@@ -1,0 +1,79 @@
+"""§4.1 metrics: Jain's index, utilization, convergence, resampling, the web table."""
+import math
+
+import pytest
+from hypothesis import given, strategies as st
+
+from lab.collector import DT, spread
+from lab.metrics import convergence, jain_index, rebin, utilization, web_table, window, within
+
+rates = st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), min_size=1, max_size=50)
+
+
+@given(rates)
+def test_jain_lies_between_one_over_k_and_one(xs):
+    j = jain_index(xs)
+    assert 1 / len(xs) - 1e-9 <= j <= 1 + 1e-9
+
+
+@given(rates, st.floats(min_value=1e-3, max_value=1e3))
+def test_jain_ignores_scale(xs, k):
+    assert jain_index([x * k for x in xs]) == pytest.approx(jain_index(xs), rel=1e-6, abs=1e-9)
+
+
+def test_jain_matches_the_paper_example():
+    # §4.1: 9 flows alike and 1 starved gives "the seemingly high fairness index of 0.9"
+    assert jain_index([1.0] * 9 + [0.0]) == pytest.approx(0.9)
+    with pytest.raises(ValueError):
+        jain_index([])
+
+
+def test_within_is_relative():
+    assert within(10.9, 10) and not within(11.1, 10) and within(9.5, 10, rel=0.05)
+
+
+@given(st.lists(st.tuples(st.floats(0, 9.9), st.floats(0.001, 2), st.floats(0, 1e6)), max_size=20))
+def test_spread_conserves_bytes_inside_the_grid(pieces):
+    pieces = [(t0, min(t0 + d, 10.0), b) for t0, d, b in pieces if t0 + 1e-6 < min(t0 + d, 10.0)]
+    grid = spread(pieces, 100)
+    assert sum(grid) * DT == pytest.approx(sum(b for _, _, b in pieces), rel=1e-9, abs=1e-6)
+
+
+def test_window_and_rebin():
+    s = list(range(100))
+    assert window(s, 0.1, 2.0, 3.0) == list(range(20, 30))
+    assert rebin(s[:20], 10) == [4.5, 14.5]
+
+
+def test_utilization_at_two_timescales():
+    agg = [1.0, 0.0] * 50  # bursts at 100 ms, perfectly at the limit over 1 s... at half of it
+    u = utilization(agg, 0.1, limit=0.5)
+    assert u["mean"] == pytest.approx(1.0)
+    assert u["100ms"]["p5"] == 0.0 and u["100ms"]["p95"] == 2.0
+    assert u["1s"]["p5"] == u["1s"]["p95"] == pytest.approx(1.0)
+
+
+def test_convergence_finds_when_limiters_settle():
+    # l1 goes 10 -> 4 at t=10 s reaching it at t=13 s; l2 goes 0 -> 6 the same way
+    n = 300
+    l1 = [10.0 if k < 100 else max(4.0, 10.0 - 2.0 * (k - 100) * DT) for k in range(n)]
+    l2 = [10.0 - x for x in l1]
+    out = convergence({"l1": l1, "l2": l2}, DT, [0.0, 10.0], 30.0, limit=10.0)
+    assert out[0] == {"at_s": 0.0, "converged_after_s": 0.0}
+    # 1-s trailing mean within 1.0 of the target 4.0 about 3.0 + 0.5 s after the change
+    assert 3.0 <= out[1]["converged_after_s"] <= 4.0
+
+
+def test_convergence_reports_none_when_it_never_settles():
+    wobble = [0.0 if (k // 20) % 2 else 10.0 for k in range(200)]
+    assert convergence({"l1": wobble}, DT, [0.0], 20.0, limit=10.0)[0]["converged_after_s"] is None
+
+
+def test_web_table_uses_harmonic_means_per_size_range():
+    transfers = [{"size": 1000, "start_s": 0, "end_s": 0.1, "completed": True},   # 80 kbit/s
+                 {"size": 1000, "start_s": 0, "end_s": 0.4, "completed": True},   # 20 kbit/s
+                 {"size": 9e5, "start_s": 0, "end_s": 1.0, "completed": False}]
+    rows = web_table(transfers)
+    assert rows[0]["transfers"] == 2 and rows[0]["hmean_bps"] == pytest.approx(2 / (1 / 80e3 + 1 / 20e3))
+    assert rows[3] == {"min_bytes": 500_000, "max_bytes": None, "transfers": 0, "hmean_bps": None}
+    assert not any(math.isnan(r["hmean_bps"] or 0) for r in rows)

@@ -1,0 +1,101 @@
+"""Planning a topology is pure: names, addresses, routes and commands, checked without root."""
+import pytest
+
+from lab.agents import agent_argv
+from lab.registry import builtin, resolve
+from lab.topology import IFNAMSIZ, RUN, new_run, plan
+from lab.traffic import place
+
+
+@pytest.mark.parametrize("name", sorted(builtin()))
+@pytest.mark.parametrize("central", [False, True])
+def test_every_name_carries_the_run_prefix_and_fits(name, central):
+    p = plan(resolve(name), run="lb12ab", central=central)
+    ifaces = [i.name for v in p.veths + p.ctl for i in (v.a, v.b)]
+    assert all(n.startswith("lb12ab") and len(n) <= IFNAMSIZ for n in ifaces + [p.bridge])
+    assert all(ns.startswith("lb12ab-") for ns in p.namespaces)
+    created = [c for c in p.build_commands() if c[:3] == ["ip", "link", "add"]]
+    assert all(c[c.index("netns") + 1].startswith("lb12ab-") for c in created), "veths are born inside the run's namespaces"
+
+
+def test_run_prefix_is_random_and_recognisable():
+    runs = {new_run() for _ in range(20)}
+    assert len(runs) > 1 and all(RUN.fullmatch(r) for r in runs)
+
+
+def test_routes_lead_every_source_to_the_sink():
+    exp = resolve("bottleneck")
+    p = plan(exp, run="lb0001")
+    table = {(r.host, r.dst): r.via for r in p.routes}
+    # s2 -> l2 -> sw -> sink: s2's route to the sink's subnet goes via l2's address on the s2-l2 link
+    assert table[("s2", "10.1.3.0/24")] == p.iface("l2", "s2").addr
+    assert table[("l2", "10.1.3.0/24")] == p.iface("sw", "l2").addr
+    # and the sink routes replies back through sw
+    assert table[("sink", "10.1.2.0/24")] == p.iface("sw", "sink").addr
+
+
+def test_agents_limit_the_egress_toward_the_sink():
+    exp = resolve("bottleneck")
+    spread, central = plan(exp, run="lb0001"), plan(exp, run="lb0001", central=True)
+    assert {h: i.name for h, i in spread.agent_ifaces().items()} == {"l1": "lb0001l1-0", "l2": "lb0001l2-0"}
+    assert list(central.agent_ifaces()) == ["sw"] and central.agent_ifaces()["sw"] == central.iface("sw", "sink")
+    assert central.ctl == () and len(spread.ctl) == 2
+
+
+def test_agent_argv_gossips_on_the_control_network():
+    exp = resolve("flow-join")
+    p = plan(exp, run="lb0001")
+    argv = agent_argv(p, "l2", "grd", "/k", "/s")
+    opt = dict(zip(argv[2::2], argv[3::2]))
+    assert opt["--iface"] == "lb0001l2-0" and opt["--global"] == "10000000bit"
+    assert opt["--listen"] == "10.254.0.2:7470"
+    assert opt["--peers"].split(",") == [f"10.254.0.{i}:7470" for i in (1, 3, 4, 5)]
+    assert opt["--interval"] == "50ms", "[params.grd] overrides [agent]"
+    assert agent_argv(p, "l2", "fps", "/k", "/s")[argv.index("--interval") + 1] == "500ms"
+
+
+def test_single_agent_runs_insecure_on_loopback():
+    p = plan(resolve("baseline"), run="lb0001", central=True)
+    argv = agent_argv(p, "sw", "ctb", "/k", "/s")
+    assert "--insecure" in argv and "--peers" not in argv
+
+
+def test_shaping_uses_tbf_on_both_ends():
+    exp = resolve("bottleneck")
+    p = plan(exp, run="lb0001")
+    link = next(l for l in exp.links if set(l.ends) == {"s2", "l2"})
+    cmds = p.shaping_commands(link, 2e6 / 8)
+    assert [c[2] for c in cmds] == ["lb0001-s2", "lb0001-l2"]
+    assert all(c[c.index("root") + 1:c.index("root") + 4] == ["tbf", "rate", "2000000bit"] for c in cmds)
+
+
+def test_traffic_places_servers_where_the_limited_direction_needs_them():
+    exp = resolve("web")
+    p = plan(exp, run="lb0001")
+    bulk, web = place(p)
+    assert (bulk.server_host, bulk.client_host, bulk.target) == ("sink", "l1", p.address("sink"))
+    assert (web.server_host, web.client_host, web.target) == ("l2", "sink", p.address("l2"))
+    assert bulk.client_argv(__import__("pathlib").Path("/o"))[:3] == ["iperf3", "-c", p.address("sink")]
+
+
+def test_long_names_are_refused():
+    from lab.errors import LabError
+    from lab.spec import loads
+    text = "[experiment]\nduration = 5\nglobal = '1mbit'\nallocators = ['fps']\n[hosts]\nabcdef = 'limiter'\nsink = 'sink'\n" + \
+        "".join(f"[[link]]\nends = ['abcdef', 'x{i}']\n" for i in range(100)) + "[[link]]\nends = ['abcdef', 'sink']\n"
+    text = text.replace("[hosts]\n", "[hosts]\n" + "".join(f"x{i} = 'router'\n" for i in range(100)))
+    with pytest.raises(LabError, match="longer than 15"):
+        plan(loads(text), run="lb0001")
+
+
+@pytest.mark.parametrize("name", sorted(builtin()))
+def test_agent_argv_is_accepted_by_drl_agent(name):
+    """Every agent command the lab would run parses under the real `drl-agent up` options."""
+    from cli.agent import main as drl_agent
+    exp = resolve(name)
+    for alloc in exp.allocators:
+        p = plan(exp, run="lb0001", central=alloc == "ctb")
+        for host in p.agent_ifaces():
+            argv = agent_argv(p, host, alloc, "/k", "/s")
+            ctx = drl_agent.commands["up"].make_context("up", argv[2:])
+            assert ctx.params["allocator"] == alloc and ctx.params["iface"] == p.agent_ifaces()[host].name

@@ -1,0 +1,121 @@
+"""agent/membership.py with a fake clock: liveness timeouts, the 1/N stale policy, recovery,
+restarts, newest-wins updates, and the drlctl status rows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent.allocators.base import Local, Snapshot, Transfer, effective_limit
+from agent.gossip import Received
+from agent.membership import Membership, liveness_timeout
+from agent.wire import Header, Heartbeat, Update
+
+PEERS = [("10.0.0.2", 7000), ("10.0.0.3", 7000), ("10.0.0.4", 7000)]
+GLOBAL_BPS = 1_200_000.0
+
+
+class Peer:
+    """Builds what gossip would hand membership for one peer."""
+
+    def __init__(self, addr, node, incarnation=1):
+        self.addr, self.node, self.incarnation, self.seq = addr, node, incarnation, 0
+
+    def rx(self, payload, class_id=1, seq=None, gap=0):
+        self.seq = seq if seq is not None else self.seq + 1
+        h = Header(cluster="c", node=self.node, seq=self.seq, incarnation=self.incarnation,
+                   sent_at=0.0, class_id=class_id)
+        return Received(h, payload, self.addr, gap)
+
+
+def limit(view):
+    snap = Snapshot(now=0.0, node_id="n1", interval_s=0.1, global_Bps=GLOBAL_BPS,
+                    local=Local(demand_Bps=0.0), view=view)
+    return effective_limit(snap)
+
+
+@pytest.fixture
+def m():
+    return Membership("n1", PEERS, timeout_s=0.3)
+
+
+def test_unheard_peers_are_stale_placeholders_and_n_is_from_config(m):
+    view = m.view(1, now=0.0)
+    assert view.members == ("?10.0.0.2:7000", "?10.0.0.3:7000", "?10.0.0.4:7000", "n1")
+    assert view.n_nodes == 4 == m.n_nodes and view.n_alive == 0 and view.remote_sum == 0.0
+    assert all(not p.alive and p.age_s == math.inf for p in view.peers.values())
+    assert limit(view) == GLOBAL_BPS / 4          # until peers are heard, enforce our 1/N share
+
+
+def test_timeout_zeroes_stale_values_shrinks_the_limit_and_recovers(m):
+    n2, n3, n4 = (Peer(a, f"n{i + 2}") for i, a in enumerate(PEERS))
+    m.observe(n2.rx(Update(100.0)), 0.0)
+    m.observe(n3.rx(Update(200.0)), 0.0)
+    m.observe(n4.rx(Update(400.0)), 0.0)
+    view = m.view(1, 0.3)                           # exactly at the timeout: still alive
+    assert view.members == ("n1", "n2", "n3", "n4")
+    assert view.remote_sum == 700.0 and view.n_alive == 3 and limit(view) == GLOBAL_BPS
+    m.observe(n2.rx(Heartbeat(), class_id=0), 0.2)  # heartbeats keep a peer alive
+    m.observe(n3.rx(Update(250.0)), 0.25)
+    view = m.view(1, 0.4)                           # n4 silent for 0.4 s > 0.3 s
+    assert view.peers["n4"] == type(view.peers["n4"])("n4", 0.0, False, 0.4)
+    assert view.remote_sum == 350.0 and view.n_alive == 2 and view.n_stale == 1
+    assert limit(view) == pytest.approx(GLOBAL_BPS * 3 / 4)   # one 1/N share gone (§5.6)
+    view = m.view(1, 10.0)                          # everyone gone: the 1/N limiter
+    assert view.remote_sum == 0.0 and limit(view) == GLOBAL_BPS / 4
+    m.observe(n4.rx(Update(50.0)), 10.0)            # recovery
+    view = m.view(1, 10.1)
+    assert view.peers["n4"].alive and view.remote_sum == 50.0 and view.n_alive == 1
+
+
+def test_values_are_per_class_and_newest_wins(m):
+    n2 = Peer(PEERS[0], "n2")
+    m.observe(n2.rx(Update(5.0), class_id=1, seq=5), 0.0)
+    m.observe(n2.rx(Update(9.0), class_id=2, seq=6), 0.0)
+    m.observe(n2.rx(Update(3.0), class_id=1, seq=4), 0.1)     # reordered, older: ignored
+    assert m.view(1, 0.1).remote_sum == 5.0
+    assert m.view(2, 0.1).remote_sum == 9.0
+    assert m.view(3, 0.1).remote_sum == 0.0 and m.view(3, 0.1).n_alive == 1
+    m.observe(n2.rx(Transfer(1, 1.0), class_id=1, seq=7), 0.2)  # envelopes: alive, no value
+    assert m.view(1, 0.45).peers["n2"].alive and m.view(1, 0.45).remote_sum == 5.0
+
+
+def test_restarted_peer_starts_clean(m):
+    old = Peer(PEERS[0], "n2", incarnation=1)
+    m.observe(old.rx(Update(5.0), class_id=1, seq=900), 0.0)
+    m.observe(old.rx(Update(6.0), class_id=2, seq=901), 0.0)
+    new = Peer(PEERS[0], "n2", incarnation=2)
+    m.observe(new.rx(Update(7.0), class_id=1), 1.0)            # seq 1 < 900, but a new life
+    assert m.view(1, 1.0).remote_sum == 7.0
+    assert m.view(2, 1.0).remote_sum == 0.0                    # class 2 value died with n2's old life
+
+
+def test_new_node_id_at_an_address_replaces_the_old(m):
+    m.observe(Peer(PEERS[0], "n2").rx(Update(5.0)), 0.0)
+    m.observe(Peer(PEERS[0], "n9").rx(Update(1.0)), 0.1)
+    view = m.view(1, 0.1)
+    assert "n2" not in view.peers and view.peers["n9"].value == 1.0 and view.n_nodes == 4
+    m.observe(Peer(PEERS[1], "n9").rx(Update(2.0)), 0.2)      # n9 moved: old slot reverts
+    assert m.view(1, 0.2).members == ("?10.0.0.2:7000", "?10.0.0.4:7000", "n1", "n9")
+
+
+def test_unknown_address_is_ignored(m):
+    m.observe(Peer(("10.9.9.9", 1), "x").rx(Update(1e9)), 0.0)
+    assert m.view(1, 0.0).remote_sum == 0.0 and "x" not in m.view(1, 0.0).members
+
+
+def test_status_rows(m):
+    m.observe(Peer(PEERS[1], "n3").rx(Update(1.0), gap=2), 1.0)
+    rows = m.status(1.5)
+    assert rows[1] == {"node_id": "n3", "address": "10.0.0.3:7000", "state": "stale",
+                       "last_seen_s": 0.5, "incarnation": 1, "lost": 2}
+    assert rows[0]["state"] == "stale" and rows[0]["last_seen_s"] is None
+    assert m.status(1.2)[1]["state"] == "alive"
+
+
+def test_liveness_timeout():
+    assert liveness_timeout(0.1, n_peers=1, fanout=3) == pytest.approx(0.3)      # mesh: 3 intervals
+    assert liveness_timeout(0.1, n_peers=9, fanout=3) == pytest.approx(0.9)      # 3 cycles of 3
+    assert liveness_timeout(0.1, n_peers=489, fanout=3, misses=5) == pytest.approx(81.5)
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        Membership("n1", PEERS, 0.0)

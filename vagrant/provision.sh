@@ -1,0 +1,71 @@
+#!/bin/sh
+# Provision one VM of the Vagrant twin (called by the Vagrantfile with DRL_* set):
+# install drl, add the lab's routes and link shaping, start drl-agent (if this host
+# runs one) and the traffic servers (if it is the sink) as systemd services.
+set -eu
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -qy python3-venv python3-bpfcc iperf3 ethtool iproute2 "linux-headers-$(uname -r)"
+[ -d /opt/drl ] || python3 -m venv --system-site-packages /opt/drl
+/opt/drl/bin/pip install -q /drl
+install -d -m 0700 /etc/drl
+install -m 0600 /drl/vagrant/.vagrant/drl-cluster.key /etc/drl/cluster.key
+
+iface_of() {  # the NIC that carries address $1
+    ip -o -4 addr show | awk -v a="$1" '{split($4, p, "/"); if (p[1] == a) print $2}'
+}
+
+sysctl -qw net.ipv4.ip_forward=1
+for r in ${DRL_ROUTES}; do
+    ip route replace "${r%%,*}" via "${r##*,}"
+done
+for s in ${DRL_SHAPING}; do
+    dev=$(iface_of "${s%%,*}")
+    rate=${s##*,}
+    burst=$(( rate / 800 > 6056 ? rate / 800 : 6056 ))   # 10 ms of traffic, >= 4 frames (lab/topology.py)
+    tc qdisc replace dev "$dev" root tbf rate "${rate}bit" burst "$burst" latency 50ms
+done
+for dev in $(ls /sys/class/net | grep -v '^lo$'); do   # police MTU-sized packets, as the lab does
+    ethtool -K "$dev" tso off gso off gro off 2>/dev/null || true
+done
+
+if [ -n "${DRL_AGENT_ARGS}" ]; then
+    dev=$(iface_of "${DRL_AGENT_IFACE_ADDR}")
+    args=$(printf '%s' "${DRL_AGENT_ARGS}" | sed "s/{iface}/${dev}/; s|^drl-agent |/opt/drl/bin/drl-agent |")
+    cat > /etc/systemd/system/drl-agent.service <<UNIT
+[Unit]
+Description=drl agent (distributed rate limiter)
+After=network-online.target
+
+[Service]
+ExecStart=${args}
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+    systemctl daemon-reload
+    systemctl enable --now drl-agent.service
+fi
+
+i=0
+printf '%s\n' "${DRL_SERVERS}" | while IFS= read -r cmd; do
+    [ -n "$cmd" ] || continue
+    i=$((i + 1))
+    # iperf3 -s -1 exits after one test; as a service it restarts for the next one
+    cat > "/etc/systemd/system/drl-traffic-server${i}.service" <<UNIT
+[Unit]
+Description=drl lab traffic server ${i}
+
+[Service]
+WorkingDirectory=/drl
+ExecStart=/usr/bin/env ${cmd}
+Restart=always
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+    systemctl daemon-reload
+    systemctl enable --now "drl-traffic-server${i}.service"
+done

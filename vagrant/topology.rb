@@ -1,0 +1,39 @@
+# Reads a topology JSON written by the lab's own parser (python -m lab.vagrant) and
+# turns it into the list of VMs the Vagrantfile defines.  Run it alone to see that
+# list as JSON (tests/unit/test_lab_vagrant.py compares it with the lab's plan):
+#
+#   ruby vagrant/topology.rb vagrant/topologies/baseline.json fps
+require "json"
+require "shellwords"
+
+module DrlTopology
+  # One hash per VM: name, role, ips (one per link, in link order), intnets,
+  # routes, shaping, the agent command (nil if the host runs none) and traffic.
+  def self.vms(path, allocator = nil)
+    topo = JSON.parse(File.read(path))
+    allocator ||= topo["allocators"].first
+    agents = topo["agents"].fetch(allocator) do
+      raise ArgumentError, "allocator #{allocator} is not in #{path} (#{topo['allocators'].join(', ')})"
+    end
+    topo["hosts"].map do |h|
+      nets = h["links"].map { |l| { "ip" => l["addr"], "intnet" => "drl-#{topo['experiment']}-#{l['net']}" } }
+      nets << { "ip" => h["ctl_addr"], "intnet" => "drl-#{topo['experiment']}-ctl" } if h["ctl_addr"]
+      agent = agents[h["name"]]
+      {
+        "name" => h["name"],
+        "role" => h["role"],
+        "networks" => nets,
+        "routes" => h["routes"].map { |r| "#{r['dst']},#{r['via']}" },
+        "shaping" => h["links"].select { |l| l["rate_bps"] }.map { |l| "#{l['addr']},#{l['rate_bps'].to_i}" },
+        "agent_iface_addr" => agent && agent["iface_addr"],
+        "agent_argv" => agent && agent["argv"],
+        "servers" => topo["traffic"].select { |t| t["server"] == h["name"] }.map { |t| t["server_argv"] },
+        "clients" => topo["traffic"].select { |t| t["client"] == h["name"] }.map { |t| t["client_argv"] },
+      }
+    end
+  end
+end
+
+if __FILE__ == $PROGRAM_NAME
+  puts JSON.pretty_generate(DrlTopology.vms(ARGV.fetch(0), ARGV[1]))
+end
