@@ -8,8 +8,10 @@ the flow table to :meth:`Estimator.update`, which returns the
     local = est.update(now_s, counters, flows)   # Local(demand_Bps=..., flow_rates_Bps=...)
 
 The paper computes "the average arrival rate over fixed time intervals and
-applies a standard EWMA filter"; ``ewma`` is the weight kept from the previous
-estimate (0 = no filter, the paper sweeps 0..0.75).  Demand is arrivals, i.e.
+applies a standard EWMA filter" with a "1-second EWMA parameter" of 0.1
+(§5.1, footnote 4): ``ewma`` is the share of the old estimate still present
+after one second, so the smoothing does not change with the interval
+(``kept_share``; 0 = no filter).  Demand is arrivals, i.e.
 passed + dropped bytes: what the traffic asked for, not what we let through.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
 from agent.allocators.base import Local, ewma as smooth
+from agent.allocators.common import kept_share
 
 # A flow whose last packet is older than this many intervals has ended (or
 # been evicted): it no longer stands for demand.
@@ -60,15 +63,16 @@ class Estimator:
             self._flows = {f.key: _FlowRate(f.bytes, 0.0) for f in flows}
             return Local(demand_Bps=0.0, sent_Bps=0.0, sent_total_bytes=counters.passed_bytes)
         dt = now_s - self._last_s
-        self._demand = smooth(self._demand, (arrived - self._last_arrived) / dt, self.ewma)
-        self._sent = smooth(self._sent, (counters.passed_bytes - self._last_passed) / dt, self.ewma)
-        new_flows = self._update_flows(flows, dt, now_ns)
+        kept = kept_share(self.ewma, dt)
+        self._demand = smooth(self._demand, (arrived - self._last_arrived) / dt, kept)
+        self._sent = smooth(self._sent, (counters.passed_bytes - self._last_passed) / dt, kept)
+        new_flows = self._update_flows(flows, dt, kept, now_ns)
         self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
         rates = sorted((f.rate_Bps for f in self._flows.values() if f.rate_Bps > 0), reverse=True)
         return Local(demand_Bps=self._demand, sent_Bps=self._sent, flow_rates_Bps=tuple(rates),
                      new_flows=new_flows, sent_total_bytes=counters.passed_bytes)
 
-    def _update_flows(self, flows: Iterable[FlowRecord], dt: float, now_ns: int | None) -> int:
+    def _update_flows(self, flows: Iterable[FlowRecord], dt: float, kept: float, now_ns: int | None) -> int:
         """Per-flow EWMA rates from byte deltas; returns how many flows are new."""
         idle_ns = int(IDLE_INTERVALS * dt * 1e9)
         seen: dict = {}
@@ -84,6 +88,6 @@ class Estimator:
                 seen[f.key] = _FlowRate(f.bytes, f.bytes / span)
             else:
                 delta = max(0, f.bytes - old.bytes)
-                seen[f.key] = _FlowRate(f.bytes, smooth(old.rate_Bps, delta / dt, self.ewma))
+                seen[f.key] = _FlowRate(f.bytes, smooth(old.rate_Bps, delta / dt, kept))
         self._flows = seen
         return new

@@ -2,11 +2,13 @@
 
 The daemon's tick (agent/daemon.py)::
 
-    transport = UdpTransport(parse_hostport(listen), parse_peers(peers), node_id=..., cluster=...,
+    peers = parse_peers(text)
+    transport = UdpTransport(parse_hostport(listen), [p.addr for p in peers], node_id=..., cluster=...,
                              key=load_key(path),   # None only with --insecure
                              fanout=3, incarnation=new_incarnation())
     members = Membership(node_id, transport.peer_addrs,
-                         liveness_timeout(interval, len(transport.peer_addrs), 3))
+                         liveness_timeout(interval, len(transport.peer_addrs), 3),
+                         names={transport.resolved[p.addr]: p.node_id for p in peers if p.node_id})
     every interval (now = time.monotonic()):
         for rx in transport.poll(now):           # validated, de-duplicated, counted
             members.observe(rx, now)
@@ -51,7 +53,7 @@ import random
 import socket
 import time
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Sequence
+from typing import Hashable, Mapping, NamedTuple, Sequence
 
 from .allocators.base import Envelope
 from .wire import (MAX_DATAGRAM, Header, Heartbeat, Message, Payload, Reason, SeqWindow, Update,
@@ -85,12 +87,27 @@ def parse_hostport(text: str) -> HostPort:
     return host, int(port)
 
 
-def parse_peers(text: str) -> list[HostPort]:
-    """``"10.0.0.2:7000,[::1]:7001"`` -> [("10.0.0.2", 7000), ("::1", 7001)]; no duplicates."""
-    peers = [parse_hostport(item) for item in text.split(",") if item.strip()]
-    dups = {format_addr(p) for p in peers if peers.count(p) > 1}
-    if dups:
-        raise AddressError(f"peer listed twice: {', '.join(sorted(dups))}")
+class Peer(NamedTuple):
+    """One ``--peers`` entry: its address and, if written ``ID@HOST:PORT``, its node id."""
+    addr: HostPort
+    node_id: str | None = None
+
+
+def parse_peers(text: str) -> list[Peer]:
+    """``"b@10.0.0.2:7000,[::1]:7001"`` -> [Peer(("10.0.0.2", 7000), "b"), Peer(("::1", 7001))].
+
+    The id is optional for static/grd/fps/...; allocators whose state depends on
+    who the members are (graphs, lease servers) need it for every peer."""
+    peers = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        node, sep, hostport = item.partition("@")
+        if sep and not node:
+            raise AddressError(f"empty node id in {item!r} (write ID@HOST:PORT)")
+        peers.append(Peer(parse_hostport(hostport if sep else item), node if sep else None))
+    for what, values in (("peer", [p.addr for p in peers]), ("node id", [p.node_id for p in peers if p.node_id])):
+        dups = {format_addr(v) for v in values if values.count(v) > 1}
+        if dups:
+            raise AddressError(f"{what} listed twice: {', '.join(sorted(dups))}")
     return peers
 
 
@@ -155,11 +172,12 @@ class Stats:
         return 8.0 * self._recent_bytes / self.window_s
 
     def as_dict(self, now: float) -> dict:
-        """For drlctl status and metrics (JSON: _bps keys are bits/s)."""
+        """For drlctl status and metrics (JSON: _bps keys are bits/s; counts are datagrams)."""
         return {
-            "messages_sent": self.sent, "bytes_sent": self.sent_bytes,
-            "messages_received": self.received, "bytes_received": self.received_bytes,
-            "messages_lost": self.lost, "rejected": {r: n for r, n in sorted(self.rejected.items())},
+            "sent": self.sent, "received": self.received, "lost": self.lost,
+            "rejected": sum(self.rejected.values()),
+            "rejected_by_reason": {r: n for r, n in sorted(self.rejected.items())},
+            "bytes_sent": self.sent_bytes, "bytes_received": self.received_bytes,
             "unroutable": self.unroutable, "send_errors": self.send_errors,
             "control_bps": self.control_bps(now),
         }
@@ -344,7 +362,8 @@ class UdpTransport:
     per call (the rest are dropped and counted as queue_full, so a flood cannot
     stall the tick).  Send errors are counted, never raised.  ``peer_addrs`` are the
     resolved peer addresses, in the order given (for Membership); a peer equal to
-    ``listen`` is this node and is left out.
+    ``listen`` is this node and is left out.  ``resolved`` maps each given peer
+    to its resolved address.
     """
 
     def __init__(self, listen: HostPort, peers: Sequence[HostPort], *, node_id: str, cluster: str,
@@ -358,6 +377,7 @@ class UdpTransport:
         except TransportError:
             self.sock.close()
             raise
+        self.resolved: dict[HostPort, HostPort] = dict(zip(peers, resolved))
         self.peer_addrs = PeerList(a for a in resolved if a != self.address)
         self.queue_size = queue_size
         self.core = GossipCore(node_id, cluster, key, self.peer_addrs, fanout, incarnation, rng,

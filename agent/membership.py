@@ -7,7 +7,8 @@
     members.status(now)                       # rows for drlctl status
 
 N is fixed by configuration: this node plus one slot per configured peer
-address.  A slot takes the node id of whoever authenticates from that address
+address.  A slot is named by ``names`` (``--peers ID@HOST:PORT``) or takes
+the node id of whoever authenticates from that address
 (agent/gossip.py checked MAC, replay and incarnation before we see it); until
 then it is a placeholder ``?host:port``, stale.  Any accepted datagram (update,
 heartbeat, point-to-point message) is a sign of life.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .allocators.base import PeerState, PeerView
 from .gossip import Addr, Received, format_addr
@@ -50,11 +51,13 @@ class _Slot:
 
 
 class Membership:
-    def __init__(self, node_id: str, peer_addrs: Sequence[Addr], timeout_s: float) -> None:
+    def __init__(self, node_id: str, peer_addrs: Sequence[Addr], timeout_s: float,
+                 names: Mapping[Addr, str] | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError(f"liveness timeout must be > 0 s, got {timeout_s}")
         self.node_id, self.timeout_s = node_id, timeout_s
-        self._slots = {addr: _Slot(addr) for addr in peer_addrs}
+        names = names or {}
+        self._slots = {addr: _Slot(addr, names.get(addr, "")) for addr in peer_addrs}
 
     @property
     def n_nodes(self) -> int:

@@ -34,7 +34,7 @@ def main() -> None:
               help="How the global limit is divided among agents.")
 @click.option("--node-id", default=socket.gethostname, show_default="hostname", help="This agent's name in the cluster.")
 @click.option("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", show_default=True, help="HOST:PORT for gossip (UDP).")
-@click.option("--peers", default="", help="Other agents as HOST:PORT,HOST:PORT,...")
+@click.option("--peers", default="", help="Other agents as [ID@]HOST:PORT,... (ID required by gdrl, fillratio, dqmp, lease).")
 @click.option("--key-file", type=click.Path(dir_okay=False), help="Cluster key (HMAC-SHA256) shared by all agents.")
 @click.option("--insecure", is_flag=True, help="Run without a cluster key: gossip is not authenticated.")
 @click.option("--interval", "interval_s", type=DURATION, default="100ms", show_default=True, help="Estimate interval.")
@@ -47,15 +47,17 @@ def main() -> None:
 @click.option("--socket", "socket_path", default=DEFAULT_SOCKET, show_default=True, help="Control socket for drlctl.")
 @click.option("--safe-rate", "safe_Bps", type=RATE, help="Rate the kernel falls back to if the agent stops updating [default: global/N].")
 @click.option("--ewma", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
-              help="EWMA weight kept from the previous estimate (0 = no smoothing).")
-@click.option("--sample-probability", type=PROBABILITY, default=1.0, show_default=True,
-              help="Probability that a new flow enters the flow table (FPS's sample set).")
+              help="Share of an estimate still present after one second (the paper's 1-second EWMA; 0 = none).")
+@click.option("--sample-probability", type=PROBABILITY,
+              help="Probability that a new flow enters the flow table (FPS's sample set) [default: fps 0.1, others 1].")
 @click.option("--max-flows", type=click.IntRange(min=16), default=4096, show_default=True, help="Flow table size.")
 @click.option("--eta", type=float, help="GDRL / fill-ratio step size [default: 1/(2d)].")
 @click.option("--quota", type=QUOTA, help="DQMP volume quota SIZE/PERIOD, e.g. 10TB/30d.")
 @click.option("--lease-servers", default="", help="lease: node ids that serve leases [default: the lowest node id].")
 @click.option("--on-lease-loss", type=click.Choice(["pessimistic", "optimistic", "safe"]), default="safe", show_default=True,
               help="lease: what a client enforces when it cannot renew.")
+@click.option("--state-dir", default="/var/lib/drl", show_default=True,
+              help="Where allocators that must survive a restart keep their state (dqmp).")
 def up(**opts) -> None:
     """Attach the limiter to IFACE and run in the foreground until SIGTERM/SIGINT.
 

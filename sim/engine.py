@@ -66,7 +66,7 @@ class Setup:
     delay_s: float = 0.02                           # one way; 000 §5.6: 40 ms inter-limiter RTT
     jitter_s: float = 0.0
     stale_s: float | None = None                    # None: agent.membership.liveness_timeout
-    estimator_ewma: float = 0.1                     # agent.estimator.Estimator's default
+    estimator_ewma: float = 0.1                     # per second, agent.estimator.Estimator's default
     seed: int = 0
 
     def node_ids(self) -> tuple[str, ...]:

@@ -15,7 +15,9 @@ everything it wants done comes back in the :class:`Step`:
 
 Write a new allocator as a frozen dataclass whose fields are its parameters,
 with ``name``, ``initial_state`` and ``step``, and register it in
-``agent/allocators/__init__.py``.  Units: rates are bytes/s, amounts of
+``agent/allocators/__init__.py``.  One whose state depends on the members'
+ids (a graph, lease servers) sets ``needs_member_ids = True``: the agent then
+requires every peer to be named (``--peers ID@HOST:PORT``) before it starts.  Units: rates are bytes/s, amounts of
 volume are bytes, times are seconds (see agent/units.py).
 """
 from __future__ import annotations

@@ -69,6 +69,7 @@ class DqmpState:
 @dataclass(frozen=True)
 class Dqmp:
     name: ClassVar[str] = "dqmp"
+    needs_member_ids: ClassVar[bool] = True    # state depends on who the members are
     quota_bytes: int = 10**12
     period_s: float = 30 * 86400.0
     manager: str = ""              # "": the lowest member id
@@ -120,6 +121,13 @@ class Dqmp:
                             publish=float(st.ledger.holding), quota_bytes=allowance,
                             info=self._info(st, snap, allowance, level, uplink))
         return Step(state=dataclasses.replace(st, rounds=st.rounds + 1), decision=decision, outbox=out)
+
+    # The agent keeps a snapshot of any allocator that has these two (agent/daemon.py).
+    def dump_state(self, state: DqmpState) -> dict[str, Any]:
+        return to_dict(state)
+
+    def load_state(self, data: Mapping[str, Any]) -> DqmpState:
+        return from_dict(data)
 
     def _grant(self, st: DqmpState, snap: Snapshot) -> DqmpState:
         """The local grant: top the allowance up from free quota, no message needed."""

@@ -77,6 +77,7 @@ class DiffusionState:
 @dataclass(frozen=True)
 class Gdrl:
     name: ClassVar[str] = "gdrl"
+    needs_member_ids: ClassVar[bool] = True    # state depends on who the members are
     eta: float | None = None            # None: 1/(2d), 003 eq. 15
     indicator: str = "spare"
     graph: str = "ring"

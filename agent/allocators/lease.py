@@ -54,6 +54,7 @@ class LeaseState:
 @dataclass(frozen=True)
 class Lease:
     name: ClassVar[str] = "lease"
+    needs_member_ids: ClassVar[bool] = True    # state depends on who the members are
     servers: tuple[str, ...] | str = ()
     ttl_s: float = 5.0
     refresh_s: float = 1.0

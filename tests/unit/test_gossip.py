@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agent.allocators.base import Envelope, Transfer
-from agent.gossip import (AddressError, GossipCore, Stats, TransportError, UdpTransport, format_addr,
+from agent.gossip import (AddressError, GossipCore, Peer, Stats, TransportError, UdpTransport, format_addr,
                           parse_hostport, parse_peers)
 from agent.membership import Membership
 from agent.wire import MAX_DATAGRAM, Heartbeat, Update
@@ -46,8 +46,12 @@ def test_parse_hostport_errors(text, message):
 
 
 def test_parse_peers():
-    assert parse_peers("10.0.0.2:7000, [::1]:7001,") == [("10.0.0.2", 7000), ("::1", 7001)]
+    assert parse_peers("10.0.0.2:7000, b@[::1]:7001,") == [Peer(("10.0.0.2", 7000)), Peer(("::1", 7001), "b")]
     assert parse_peers("") == []
+    with pytest.raises(AddressError, match="node id listed twice: b"):
+        parse_peers("b@10.0.0.2:7000,b@10.0.0.3:7000")
+    with pytest.raises(AddressError, match="empty node id"):
+        parse_peers("@10.0.0.2:7000")
     with pytest.raises(AddressError, match=r"peer listed twice: \[::1\]:7001"):
         parse_peers("[::1]:7001,10.0.0.2:7000,[::1]:7001")
     with pytest.raises(AddressError, match="bad port"):
@@ -195,7 +199,7 @@ def test_counters_and_control_bandwidth():
     # the last 2 s hold 4 intervals (t = 3.0 .. 4.5) of 4 datagrams each
     assert stats.control_bps(4.5) == pytest.approx(8 * (sum(sizes[-4:]) + 16 * 28) / 2.0)
     assert stats.control_bps(100.0) == 0.0
-    assert stats.as_dict(100.0)["messages_sent"] == 40
+    assert stats.as_dict(100.0)["sent"] == 40
 
 
 # -- real UDP on loopback -----------------------------------------------------------------------
