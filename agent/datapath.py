@@ -151,6 +151,10 @@ class Datapath:
             if not self._has_clsact():
                 self._ipr.tc("add", "clsact", self._ifindex)
                 self._created_clsact = True
+            elif self._filters() and all(_is_ours(f) for f in self._filters()):
+                # an agent killed before it could detach left its clsact with only
+                # its filter on it: ours to replace now and to remove on detach
+                self._created_clsact = True
             self._ipr.tc("replace-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=EGRESS_PARENT,
                          prio=FILTER_PRIO, fd=self._fn.fd, name=FILTER_NAME, direct_action=True)
         except NetlinkError as e:
@@ -283,10 +287,13 @@ class Datapath:
         except NetlinkError:  # the interface is gone
             return False
 
+    def _filters(self) -> list:
+        return [f for parent in (0xFFFFFFF2, 0xFFFFFFF3)      # clsact ingress, egress
+                for f in self._ipr.get_filters(self._ifindex, parent=parent) if f.get_attr("TCA_KIND")]
+
     def _other_filters(self) -> bool:
         """Did someone add filters to the clsact we created (then it stays)?"""
-        return any(f.get_attr("TCA_KIND") for parent in (0xFFFFFFF2, 0xFFFFFFF3)
-                   for f in self._ipr.get_filters(self._ifindex, parent=parent))
+        return bool(self._filters())
 
     def _check_class(self, class_id: int) -> None:
         if not 0 <= class_id < self.n_classes:
@@ -304,6 +311,12 @@ class Datapath:
         s = settings[ct.c_int(0)]
         s.n_rules = len(rules)
         settings[ct.c_int(0)] = s
+
+
+def _is_ours(f) -> bool:
+    """Part of what attach() made: our priority (tcm_info = prio << 16 | protocol), with our
+    handle or handle 0 (the kernel also lists the priority itself as a handle-0 entry)."""
+    return f["handle"] in (0, FILTER_HANDLE) and f["info"] >> 16 == FILTER_PRIO
 
 
 def _check_privileges() -> None:

@@ -22,9 +22,12 @@ from typing import Iterable, Protocol
 from agent.allocators.base import Local, ewma as smooth
 from agent.allocators.common import kept_share
 
-# A flow whose last packet is older than this many intervals has ended (or
-# been evicted): it no longer stands for demand.
+# A flow whose last packet is older than this many intervals, and at least
+# IDLE_MIN_S, has ended: it no longer stands for demand.  The floor keeps a TCP
+# flow waiting out a retransmission timeout (200 ms minimum, doubling) in the
+# sample set, so it is not counted as new, at a bogus rate, when it resumes.
 IDLE_INTERVALS = 3
+IDLE_MIN_S = 1.0
 
 
 class CounterSample(Protocol):
@@ -43,6 +46,7 @@ class FlowRecord(Protocol):
 class _FlowRate:
     bytes: int
     rate_Bps: float
+    active: bool = True
 
 
 @dataclass
@@ -68,26 +72,24 @@ class Estimator:
         self._sent = smooth(self._sent, (counters.passed_bytes - self._last_passed) / dt, kept)
         new_flows = self._update_flows(flows, dt, kept, now_ns)
         self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
-        rates = sorted((f.rate_Bps for f in self._flows.values() if f.rate_Bps > 0), reverse=True)
+        rates = sorted((f.rate_Bps for f in self._flows.values() if f.active and f.rate_Bps > 0), reverse=True)
         return Local(demand_Bps=self._demand, sent_Bps=self._sent, flow_rates_Bps=tuple(rates),
                      new_flows=new_flows, sent_total_bytes=counters.passed_bytes)
 
     def _update_flows(self, flows: Iterable[FlowRecord], dt: float, kept: float, now_ns: int | None) -> int:
         """Per-flow EWMA rates from byte deltas; returns how many flows are new."""
-        idle_ns = int(IDLE_INTERVALS * dt * 1e9)
+        idle_ns = int(max(IDLE_INTERVALS * dt, IDLE_MIN_S) * 1e9)
         seen: dict = {}
         new = 0
         for f in flows:
-            if now_ns is not None and now_ns - f.last_ns > idle_ns:
-                continue
             old = self._flows.get(f.key)
             if old is None:
                 new += 1
-                # A flow first seen now counts its bytes since its first packet.
-                span = dt if now_ns is None else max(min(dt, (now_ns - f.first_ns) / 1e9), 1e-3)
-                seen[f.key] = _FlowRate(f.bytes, f.bytes / span)
+                # A flow new to us counts its bytes since it entered the flow table.
+                span = dt if now_ns is None else max((now_ns - f.first_ns) / 1e9, 1e-3)
+                rate = f.bytes / span
             else:
-                delta = max(0, f.bytes - old.bytes)
-                seen[f.key] = _FlowRate(f.bytes, smooth(old.rate_Bps, delta / dt, kept))
+                rate = smooth(old.rate_Bps, max(0, f.bytes - old.bytes) / dt, kept)
+            seen[f.key] = _FlowRate(f.bytes, rate, active=now_ns is None or now_ns - f.last_ns <= idle_ns)
         self._flows = seen
         return new

@@ -66,6 +66,7 @@ class IperfResult:
     received_bytes: int
     packets: int = 0           # UDP only: datagrams sent
     lost_packets: int = 0      # UDP only: datagrams the server never saw
+    stream_bytes: tuple[int, ...] = ()   # TCP only: bytes each stream delivered
 
     @property
     def received_bps(self) -> float:
@@ -106,7 +107,8 @@ class Client:
             s = end["sum"]
             return IperfResult(s["seconds"], s["bytes"], s["bytes"], s["packets"], s["lost_packets"])
         return IperfResult(end["sum_received"]["seconds"], end["sum_sent"]["bytes"],
-                           end["sum_received"]["bytes"])
+                           end["sum_received"]["bytes"],
+                           stream_bytes=tuple(s["receiver"]["bytes"] for s in end["streams"]))
 
 
 @dataclass

@@ -109,14 +109,23 @@ def test_attach_twice_does_not_stack_and_detach_cleans_up(net, datapath):
     h1 = net.hosts[0]
     first = datapath()
     first.attach()
-    second = datapath()                      # another agent on the same interface
+    second = datapath()                      # a restarted agent: replaces the filter, owns it now
     assert tc_show(h1, "filter").count("handle 0xd1") == 1
-    second.detach()
-    assert "drl_egress" not in tc_show(h1, "filter")
-    assert "clsact" in tc_show(h1, "qdisc")   # first created it, second must leave it
-    first.detach()
+    second.detach()                          # only ours was on that clsact: both go
     assert "clsact" not in tc_show(h1, "qdisc")
     assert tc_show(h1, "filter").strip() == ""
+    first.detach()                           # its filter was replaced: nothing left to remove
+    assert "clsact" not in tc_show(h1, "qdisc")
+
+
+def test_detach_leaves_a_clsact_that_carries_other_filters(net, datapath):
+    h1 = net.hosts[0]
+    h1.run("tc", "qdisc", "add", "dev", "eth0", "clsact")
+    h1.run("tc", "filter", "add", "dev", "eth0", "ingress", "prio", "7", "protocol", "ip", "u32", "match", "u32", "0", "0")
+    dp = datapath()
+    dp.detach()
+    assert "clsact" in tc_show(h1, "qdisc") and "u32" in h1.run("tc", "filter", "show", "dev", "eth0", "ingress")
+    assert "drl_egress" not in tc_show(h1, "filter")
 
 
 @pytest.mark.slow

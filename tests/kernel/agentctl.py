@@ -1,0 +1,117 @@
+"""Real `drl-agent up` processes in test namespaces, and what the tests read from them.
+
+    agents = Agents(net, tmp_path, key_file)
+    a1 = agents.start(net.hosts[0], peers=[net.hosts[1]], allocator="fps", global_="10mbit")
+    agents.status(a1)["peers"][0]["state"]     # drlctl status --json
+    sink_rate_bps(net.hosts[2], seconds=10)     # L2 bits/s arriving at the sink
+
+Agent i listens on ``10.0.0.<i>:7470`` with node id ``n<i>``; its control
+socket and log live in the test's tmp_path.  The processes belong to the
+Network, which kills them (and removes the namespaces) even when a test fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+PORT = 7470
+
+
+@dataclass
+class Agent:
+    host: object
+    proc: subprocess.Popen
+    socket: str
+    log: Path
+
+    @property
+    def node_id(self) -> str:
+        return f"n{self.host.index}"
+
+
+class Agents:
+    def __init__(self, net, tmp_path: Path, key_file: str | None = None):
+        self.net, self.dir, self.key_file = net, tmp_path, key_file
+
+    def argv(self, host, peers=(), allocator="fps", global_="10mbit", *extra: str) -> list[str]:
+        auth = ["--key-file", self.key_file] if self.key_file else ["--insecure"]
+        return [str(BIN / "drl-agent"), "up", "--iface", "eth0", "--global", global_, "--allocator", allocator,
+                "--node-id", f"n{host.index}", "--listen", f"{host.addr4}:{PORT}",
+                "--peers", ",".join(f"n{p.index}@{p.addr4}:{PORT}" for p in peers),
+                "--socket", str(self.dir / f"n{host.index}.sock"), "--state-dir", str(self.dir), *auth, *extra]
+
+    def start(self, host, peers=(), allocator="fps", global_="10mbit", *extra: str, wait: bool = True) -> Agent:
+        log = self.dir / f"n{host.index}.log"
+        with open(log, "a") as out:
+            proc = subprocess.Popen(host.argv(*self.argv(host, peers, allocator, global_, *extra)),
+                                    stdout=out, stderr=out, start_new_session=True)
+        self.net._procs.append(proc)
+        agent = Agent(host, proc, str(self.dir / f"n{host.index}.sock"), log)
+        if wait:
+            self.wait_ready(agent)
+        return agent
+
+    def wait_ready(self, agent: Agent, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if agent.proc.poll() is not None:
+                raise RuntimeError(f"agent {agent.node_id} exited {agent.proc.returncode}: {agent.log.read_text()}")
+            if os.path.exists(agent.socket) and self.try_status(agent) is not None:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"agent {agent.node_id} not ready in {timeout_s} s: {agent.log.read_text()}")
+
+    def try_status(self, agent: Agent) -> dict | None:
+        out = subprocess.run([str(BIN / "drlctl"), "--socket", agent.socket, "status", "--json"],
+                             capture_output=True, text=True)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def status(self, agent: Agent) -> dict:
+        st = self.try_status(agent)
+        assert st is not None, f"no status from {agent.node_id}: {agent.log.read_text()}"
+        return st
+
+    def wait_for(self, agent: Agent, predicate, timeout_s: float) -> dict:
+        """Poll status until predicate(status) holds; the last status either way."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status(agent)
+            if predicate(st) or time.monotonic() > deadline:
+                return st
+            time.sleep(0.2)
+
+    def stop(self, agent: Agent, sig: int) -> int:
+        os.killpg(agent.proc.pid, sig)
+        rc = agent.proc.wait(timeout=10)
+        self.net.forget(agent.proc)
+        return rc
+
+
+def rx_bytes(host) -> int:
+    return int(host.run("cat", "/sys/class/net/eth0/statistics/rx_bytes"))
+
+
+def sink_rate_bps(host, seconds: float) -> float:
+    """L2 bits/s arriving on host's eth0 over the next ``seconds`` (what the limiter counts)."""
+    before = rx_bytes(host)
+    time.sleep(seconds)
+    return (rx_bytes(host) - before) * 8 / seconds
+
+
+def jain(xs) -> float:
+    xs = list(xs)
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if xs and any(xs) else 0.0
+
+
+def tc_filters(host) -> str:
+    return host.run("tc", "filter", "show", "dev", "eth0", "egress")
+
+
+def has_clsact(host) -> bool:
+    return "clsact" in host.run("tc", "qdisc", "show", "dev", "eth0")
