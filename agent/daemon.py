@@ -226,6 +226,7 @@ class Agent:
             "local_limit_bps": to_bps(_local_limit(d, local)), "mode": Mode(d.mode).name.lower(),
             "drop_probability": d.drop_probability, "demand_bps": to_bps(local.demand_Bps),
             "rate_bps": to_bps(local.sent_Bps), "flows": len(local.flow_rates_Bps),
+            "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
             "passed_bytes": c.passed_bytes, "passed_packets": c.passed_packets,
             "dropped_bytes": c.dropped_bytes, "dropped_packets": c.dropped_packets,
             "quota_bytes_left": d.quota_bytes, "allocator_state": _jsonable(d.info)})

@@ -93,6 +93,26 @@ class Agents:
         return rc
 
 
+_BLAST = """
+import socket, sys, time
+dst, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+payload, start, sent = bytes(1200), time.monotonic(), 0
+while (now := time.monotonic()) - start < seconds:
+    if sent * 8 * len(payload) < rate * (now - start):
+        s.sendto(payload, (dst, 9))
+        sent += 1
+    else:
+        time.sleep(0.0005)
+"""
+
+
+def udp_blast(host, dst: str, rate_bps: float, seconds: float):
+    """Open-loop UDP (1200-byte payloads) from host to dst:9 at rate_bps; no receiver needed
+    (the sink's interface counts it), so nothing handshakes through the limiter.  .wait() it."""
+    return host.popen("python3", "-c", _BLAST, dst, str(rate_bps), str(seconds), quiet=True)
+
+
 def rx_bytes(host) -> int:
     return int(host.run("cat", "/sys/class/net/eth0/statistics/rx_bytes"))
 
