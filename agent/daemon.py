@@ -97,7 +97,7 @@ class Agent:
         self.state = self.statefile.load() if self.statefile else None
         if self.state is None:
             self.state = self.alloc.initial_state(cfg.node_id, members)
-        self.dp = Datapath(cfg.iface, cfg.classes, max_flows=cfg.max_flows,
+        self.dp = Datapath(cfg.iface, cfg.classes, class_ids=[CLASS_ID] * len(cfg.classes), max_flows=cfg.max_flows,
                            exempt_udp_ports=(self.transport.address[1],))
         self._stack.callback(self.dp.close)
         self.dp.set_sample_probability(cfg.sample_probability)

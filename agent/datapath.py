@@ -13,10 +13,10 @@ uses the small interface below, which a test double can implement too::
 
 Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 
-* ``Datapath(iface, classes=(), *, max_flows=4096, exempt_udp_ports=(),
+* ``Datapath(iface, classes=(), *, class_ids=None, max_flows=4096, exempt_udp_ports=(),
   drop_action="stolen", zero_rate_burst=ZERO_RATE_BURST, netns=None)``
-  compiles and loads; class i matches ``classes[i]``; no classes = every IP
-  packet is class 0.  UDP to or from an exempt port is never policed.
+  compiles and loads; class i matches ``classes[i]`` (or ``class_ids[i]``:
+  several rules may feed one class); no classes = every IP packet is class 0.  UDP to or from an exempt port is never policed.
 * ``attach()`` / ``detach()`` (or ``with``): idempotent; attach replaces our
   filter (fixed prio/handle), detach removes exactly what attach added.
 * ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
@@ -123,14 +123,20 @@ def now_ns() -> int:
 class Datapath:
     """bpf/limiter.c loaded for one interface; see the module docstring."""
 
-    def __init__(self, iface: str, classes: Sequence[ClassRule] = (), *, max_flows: int = 4096,
-                 exempt_udp_ports: Iterable[int] = (), drop_action: str = "stolen",
+    def __init__(self, iface: str, classes: Sequence[ClassRule] = (), *, class_ids: Sequence[int] | None = None,
+                 max_flows: int = 4096, exempt_udp_ports: Iterable[int] = (), drop_action: str = "stolen",
                  zero_rate_burst: int = ZERO_RATE_BURST, netns: str | None = None):
         _check_privileges()
         if drop_action not in DROP_ACTIONS:
             raise DatapathError(f"drop action {drop_action!r}: use one of {', '.join(DROP_ACTIONS)}")
         self.iface = iface
-        self.n_classes = max(1, len(classes))
+        rules = list(classes) or [ClassRule()]
+        if not classes or class_ids is None:
+            class_ids = range(len(rules))
+        class_ids = list(class_ids)
+        if len(class_ids) != len(rules) or min(class_ids) < 0:
+            raise DatapathError("class_ids must give one class id >= 0 per class rule")
+        self.n_classes = max(class_ids) + 1
         self._zero_rate_burst = zero_rate_burst
         self._quota_seq = 0
         self._ipr, self._ifindex = _open_link(iface, netns)
@@ -138,9 +144,8 @@ class Datapath:
         self._fn = self._load()
         self._attached = False
         self._created_clsact = False
-        rules = [(r, RULE_EXEMPT, 0) for p in exempt_udp_ports for r in _exempt_rules(p)]
-        rules += [(r, RULE_CLASS, i) for i, r in enumerate(classes or [ClassRule()])]
-        self._write_rules(rules)
+        self._write_rules([(r, RULE_EXEMPT, 0) for p in exempt_udp_ports for r in _exempt_rules(p)]
+                          + [(r, RULE_CLASS, i) for r, i in zip(rules, class_ids)])
         self.set_sample_probability(1.0)
 
     # -- attach / detach ------------------------------------------------------

@@ -183,7 +183,7 @@ class Stats:
         }
 
 
-class _Cycle:
+class Cycle:
     """Shuffled round robin over n indexes in O(1) memory: a random affine permutation
     i -> (offset + i*stride) mod n per cycle, so 10,000 simulated nodes need no
     per-node copy of the peer list."""
@@ -245,7 +245,7 @@ class GossipCore:
         self.peers = peers
         self.fanout, self.incarnation = fanout, incarnation
         self.stats = stats or Stats()
-        self._cycle = _Cycle(len(self.peers), rng or random.Random())
+        self._cycle = Cycle(len(self.peers), rng or random.Random())
         self._seq: dict[Addr, int] = {}                          # next seq per receiver
         self._windows: dict[str, tuple[int, SeqWindow]] = {}     # node -> (incarnation, window)
         self._addr_of: dict[str, Addr] = {}                      # learned: node id -> address

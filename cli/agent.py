@@ -40,7 +40,7 @@ def main() -> None:
 @click.option("--interval", "interval_s", type=DURATION, default="100ms", show_default=True, help="Estimate interval.")
 @click.option("--branching", type=click.IntRange(min=1), default=3, show_default=True,
               help="Gossip branching factor: peers updated per interval (>= peers = full mesh).")
-@click.option("--peer-timeout", "peer_timeout_s", type=DURATION, help="Silence after which a peer is stale [default: max(500ms, 5 intervals)].")
+@click.option("--peer-timeout", "peer_timeout_s", type=DURATION, help="Silence after which a peer is stale [default: 3 gossip rounds = 3 x interval x ceil(peers/branching)].")
 @click.option("--burst", "burst_bytes", type=SIZE, help="Token bucket depth [default: the datapath's rule for the rate].")
 @click.option("--class", "class_specs", multiple=True, metavar="SPEC",
               help="Which egress traffic is limited (repeatable; a packet matching any SPEC is limited). Default: all IP traffic.")

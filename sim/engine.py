@@ -33,7 +33,7 @@ from agent.allocators import create
 from agent.allocators.graph import Graph
 from agent.allocators.base import Envelope, Mode, Snapshot
 from agent.estimator import Estimator
-from agent.gossip import _Cycle
+from agent.gossip import Cycle
 from agent.membership import liveness_timeout
 
 from .network import Network
@@ -121,9 +121,9 @@ class Simulation:
         self.events: dict[int, list[Callable[["Simulation"], None]]] = {}
         self.tick = 0
 
-    def _cycle(self) -> _Cycle:
+    def _cycle(self) -> Cycle:
         """agent.gossip's shuffled round robin over a node's N-1 peers."""
-        return _Cycle(self.setup.n_nodes - 1, random.Random(int(self.rng.integers(2**63))))
+        return Cycle(self.setup.n_nodes - 1, random.Random(int(self.rng.integers(2**63))))
 
     # --- events -------------------------------------------------------
     def at(self, tick: int, event: Callable[["Simulation"], None]) -> None:

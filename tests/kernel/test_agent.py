@@ -169,6 +169,16 @@ def test_start_errors_give_one_line_and_leave_nothing_attached(net3, agents):
     assert not has_clsact(h1)
 
 
+def test_every_class_spec_feeds_the_one_limited_class(net3, agents):
+    h1, _, h3 = net3.hosts
+    agents.start(h1, [], "static", "10mbit", "--class", "proto=udp", "--class", "proto=tcp,dport=5202")
+    with h3.iperf3_server() as free, h3.iperf3_server() as limited:     # ports 5201, 5202
+        fast = h1.iperf3(free, seconds=2, streams=2)
+        slow = h1.iperf3(limited, seconds=4, streams=2)
+    assert fast.received_bps > 50e6, fast            # matches no spec: not policed
+    assert within(slow.received_bps, 10e6 * 0.96, 0.10), slow   # goodput ~4 % under the L2 limit
+
+
 @pytest.mark.slow
 def test_a_hung_agent_falls_back_to_the_safe_rate(net3, agents):
     """SIGSTOP: the kernel stops seeing config writes and enforces --safe-rate by itself."""
