@@ -151,6 +151,7 @@ class Agent:
             signal.signal(sig, self._on_signal)
         sel.register(rx, selectors.EVENT_READ, lambda: rx.recv(64))
         self._stack.callback(tx.close)
+        self._stack.callback(signal.set_wakeup_fd, -1)
         return sel, rx
 
     def _on_signal(self, signum, frame) -> None:

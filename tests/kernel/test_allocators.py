@@ -94,7 +94,9 @@ def test_diffusion_holds_the_limit_and_shifts_capacity_to_the_loaded_limiter(mak
         limits = [agents.status(a)["local_limit_bps"] for a in running]
         client.wait()
     assert within(rate, 12e6, 0.10), rate
-    assert within(sum(limits), 12e6, 0.01), limits          # transfers conserve the total
+    # transfers conserve the total exactly; the three statuses are read ~0.1 s apart, so a
+    # transfer made between two reads can show on both sides (or on neither)
+    assert within(sum(limits), 12e6, 0.03), limits
     assert limits[0] >= 0.6 * 12e6, limits                    # from 1/3 towards the load
 
 
