@@ -53,10 +53,15 @@ class StartupError(Exception):
 def run(config: Config) -> int:
     """Run the agent until SIGTERM/SIGINT or `drl-agent down`; the process exit code."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s drl-agent %(message)s")
+    # Until the loop runs, SIGTERM unwinds like Ctrl-C, so whatever startup attached is detached.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         agent = Agent(config)
     except StartupError as e:
         print(f"Error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        log.info("event=stopped_during_startup")
         return 1
     with agent:
         return agent.serve()

@@ -1,0 +1,145 @@
+"""`drl-agent up` / `down` and `drlctl status`: every mistake a user can make is one line
+and a non-zero exit, found before anything touches the kernel.
+
+No root needed: the root check is exercised by faking geteuid, and the cases
+that must get past it fake root and use `lo`, failing inside build_config
+(agent.daemon.run is replaced, so nothing is ever attached).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+import agent.config
+import agent.daemon
+from cli.agent import main as agent_main
+from cli.ctl import main as ctl_main
+
+
+@pytest.fixture
+def as_root(monkeypatch):
+    monkeypatch.setattr(agent.config.os, "geteuid", lambda: 0)
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    path = tmp_path / "cluster.key"
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """agent.daemon.run replaced: the Config it would have run with."""
+    seen = []
+    monkeypatch.setattr(agent.daemon, "run", lambda config: seen.append(config) or 0)
+    return seen
+
+
+def up(*args: str):
+    return CliRunner().invoke(agent_main, ["up", *args])
+
+
+def one_line_error(result, *needles: str) -> None:
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, result.output
+    for needle in needles:
+        assert needle in errors[0], result.output
+
+
+@pytest.mark.parametrize("rate, needle", [("50mbps", "50mbps"), ("-3mbit", "-3mbit"), ("fast", "fast")])
+def test_bad_rates_are_usage_errors(rate, needle):
+    result = up("--iface", "lo", "--global", rate, "--insecure")
+    assert result.exit_code == 2
+    one_line_error(result, "--global", needle)
+
+
+def test_unknown_allocator_is_a_usage_error():
+    result = up("--iface", "lo", "--global", "10mbit", "--allocator", "magic", "--insecure")
+    assert result.exit_code == 2
+    one_line_error(result, "magic")
+
+
+def test_not_root_is_refused_first(monkeypatch, started):
+    monkeypatch.setattr(agent.config.os, "geteuid", lambda: 1000)
+    result = up("--iface", "lo", "--global", "10mbit", "--insecure")
+    one_line_error(result, "must run as root")
+    assert result.exit_code == 1 and started == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--iface", "drlnope0"], "no interface named 'drlnope0'"),
+    (["--peers", "10.0.0.2"], "HOST:PORT"),
+    (["--peers", "10.0.0.2:99999"], "bad port"),
+    (["--peers", "@10.0.0.2:7470"], "empty node id"),
+    (["--peers", "10.0.0.2:7470,10.0.0.2:7470"], "listed twice"),
+    (["--listen", "::1:7470"], "brackets"),
+    (["--allocator", "gdrl", "--peers", "10.0.0.2:7470"], "ID@HOST:PORT"),
+    (["--allocator", "lease", "--peers", "b@10.0.0.2:7470", "--lease-servers", "zz"], "not members"),
+    (["--allocator", "gdrl", "--peers", "b@10.0.0.2:7470", "--eta", "5"], "eta"),
+    (["--class", "dport=99999"], "dport"),
+    (["--class", "colour=red"], "unknown key"),
+    (["--node-id", "b", "--peers", "b@10.0.0.2:7470"], "node id"),
+])
+def test_config_mistakes_are_one_line_and_exit_1(as_root, started, args, needle):
+    argv = ["--iface", "lo", "--global", "10mbit", "--insecure", *args]
+    if "--iface" in args:
+        argv = argv[2:]
+    result = up(*argv)
+    one_line_error(result, needle)
+    assert result.exit_code == 1 and started == []
+
+
+def test_a_key_or_insecure_is_required(as_root, started):
+    one_line_error(up("--iface", "lo", "--global", "10mbit"), "--key-file", "--insecure")
+    assert started == []
+
+
+@pytest.mark.parametrize("content, mode, needle", [
+    (None, 0o600, "does not exist"),
+    ("", 0o600, "is empty"),
+    ("short", 0o600, "at least 16"),
+    ("0123456789abcdef0123", 0o000, "not readable"),
+])
+def test_bad_key_files(as_root, started, tmp_path, content, mode, needle):
+    path = tmp_path / "k"
+    if content is not None:
+        path.write_text(content)
+        path.chmod(mode)
+    if mode == 0o000 and os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    result = up("--iface", "lo", "--global", "10mbit", "--key-file", str(path))
+    one_line_error(result, needle)
+    assert started == []
+
+
+def test_a_valid_command_line_becomes_a_config_in_internal_units(as_root, started, key_file):
+    result = up("--iface", "lo", "--global", "50mbit", "--allocator", "grd", "--node-id", "a",
+                "--listen", "127.0.0.1:7470", "--peers", "b@127.0.0.2:7470,127.0.0.3:7470",
+                "--key-file", key_file, "--interval", "50ms")
+    assert result.exit_code == 0, result.output
+    (cfg,) = started
+    assert cfg.global_Bps == 50e6 / 8 and cfg.interval_s == 0.05
+    assert cfg.safe_Bps == cfg.global_Bps / 3                   # global / N by default
+    assert cfg.peer_timeout_s == pytest.approx(0.05 * 3)      # full mesh: 3 missed intervals
+    assert [(p.node_id, p.addr) for p in cfg.peers] == [("b", ("127.0.0.2", 7470)), (None, ("127.0.0.3", 7470))]
+    assert cfg.sample_probability == 1.0 and cfg.allocator.name == "grd"
+    assert cfg.key == b"0123456789abcdef0123456789abcdef"
+
+
+def test_fps_samples_flows_at_its_own_default(as_root, started):
+    assert up("--iface", "lo", "--global", "1gbit", "--insecure").exit_code == 0
+    assert started[0].sample_probability == 0.1 and started[0].allocator.name == "fps"
+
+
+@pytest.mark.parametrize("cli, args", [(agent_main, ["down", "--socket", "/nonexistent/drl.sock"]),
+                                       (ctl_main, ["--socket", "/nonexistent/drl.sock", "status"])])
+def test_clients_without_an_agent_say_so_in_one_line(cli, args):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    one_line_error(result, "/nonexistent/drl.sock")

@@ -1,0 +1,60 @@
+"""agent/estimator.py: counters and flow table -> Local, with the paper's 1-second EWMA."""
+from __future__ import annotations
+
+import pytest
+
+from agent.datapath import Counters, FlowKey, FlowSample
+from agent.estimator import Estimator
+
+S = 1_000_000_000   # ns per s
+
+
+def key(port: int) -> FlowKey:
+    return FlowKey(4, 6, "10.0.0.1", "10.0.0.2", port, 80)
+
+
+def flow(port: int, nbytes: int, first_s: float, last_s: float) -> FlowSample:
+    return FlowSample(key(port), 0, nbytes, nbytes // 1000, int(first_s * S), int(last_s * S))
+
+
+def test_first_update_is_a_baseline_and_the_second_gives_rates():
+    est = Estimator(ewma=0.0)
+    assert est.update(10.0, Counters(1000, 1, 500, 1)).demand_Bps == 0.0
+    local = est.update(10.5, Counters(1000 + 400_000, 400, 500 + 100_000, 100))
+    assert local.demand_Bps == pytest.approx(1_000_000)      # (passed + dropped) / 0.5 s
+    assert local.sent_Bps == pytest.approx(800_000)          # passed only
+    assert local.sent_total_bytes == 401_000
+
+
+def test_ewma_is_per_second_whatever_the_interval():
+    """0.1 left after one second: two 0.5 s ticks keep sqrt(0.1) each."""
+    est = Estimator(ewma=0.1)
+    est.update(0.0, Counters())
+    est.update(0.5, Counters(passed_bytes=500_000))           # 1 MB/s: the first sample is taken as is
+    local = est.update(1.5, Counters(passed_bytes=500_000))   # then 0 B/s for one second
+    assert local.demand_Bps == pytest.approx(0.1 * 1_000_000)
+
+
+def test_flow_rates_come_from_byte_deltas_and_new_flows_are_counted():
+    est = Estimator(ewma=0.0)
+    est.update(1.0, Counters(), [flow(1, 10_000, 0.5, 1.0)], now_ns=1 * S)
+    local = est.update(1.1, Counters(), [flow(1, 30_000, 0.5, 1.1), flow(2, 5_000, 1.05, 1.1)], now_ns=int(1.1 * S))
+    assert local.new_flows == 1
+    assert local.flow_rates_Bps == pytest.approx((200_000, 100_000))   # 20 kB / 0.1 s; 5 kB / 0.05 s
+
+
+def test_a_flow_in_a_retransmission_timeout_is_not_new_when_it_resumes():
+    est = Estimator(ewma=0.0)
+    est.update(1.0, Counters(), [flow(1, 50_000, 0.0, 1.0)], now_ns=1 * S)
+    local = est.update(1.4, Counters(), [flow(1, 50_000, 0.0, 1.0)], now_ns=int(1.4 * S))   # silent 400 ms
+    assert local.flow_rates_Bps == () and local.new_flows == 0
+    local = est.update(1.5, Counters(), [flow(1, 51_000, 0.0, 1.5)], now_ns=int(1.5 * S))
+    assert local.flow_rates_Bps == pytest.approx((10_000,)) and local.new_flows == 0
+
+
+def test_an_idle_flow_leaves_the_rates_after_a_second():
+    est = Estimator(ewma=0.5)
+    est.update(1.0, Counters(), [flow(1, 50_000, 0.0, 1.0)], now_ns=1 * S)
+    est.update(1.1, Counters(), [flow(1, 60_000, 0.0, 1.1)], now_ns=int(1.1 * S))
+    assert est.update(2.0, Counters(), [flow(1, 60_000, 0.0, 1.1)], now_ns=2 * S).flow_rates_Bps != ()
+    assert est.update(2.2, Counters(), [flow(1, 60_000, 0.0, 1.1)], now_ns=int(2.2 * S)).flow_rates_Bps == ()
