@@ -49,7 +49,8 @@ def agent_argv(plan: Plan, host: str, allocator: str, key_file: str, socket: str
             "--global", f"{to_bps(exp.global_Bps):.0f}bit", "--allocator", allocator,
             "--node-id", host, "--socket", socket]
     if plan.ctl:
-        peers = [f"{plan.ctl_address(h)}:{GOSSIP_PORT}" for h in plan.agent_ifaces() if h != host]
+        # ID@HOST:PORT: gdrl, fillratio, dqmp and lease need to know every member's id
+        peers = [f"{h}@{plan.ctl_address(h)}:{GOSSIP_PORT}" for h in plan.agent_ifaces() if h != host]
         argv += ["--listen", f"{plan.ctl_address(host)}:{GOSSIP_PORT}", "--peers", ",".join(peers),
                  "--key-file", key_file]
     else:  # a single agent has nobody to talk to
