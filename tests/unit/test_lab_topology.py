@@ -49,7 +49,7 @@ def test_agent_argv_gossips_on_the_control_network():
     opt = dict(zip(argv[2::2], argv[3::2]))
     assert opt["--iface"] == "lb0001l2-0" and opt["--global"] == "10000000bit"
     assert opt["--listen"] == "10.254.0.2:7470"
-    assert opt["--peers"].split(",") == [f"10.254.0.{i}:7470" for i in (1, 3, 4, 5)]
+    assert opt["--peers"].split(",") == [f"l{i}@10.254.0.{i}:7470" for i in (1, 3, 4, 5)]
     assert opt["--interval"] == "50ms", "[params.grd] overrides [agent]"
     assert agent_argv(p, "l2", "fps", "/k", "/s")[argv.index("--interval") + 1] == "500ms"
 
