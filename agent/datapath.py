@@ -74,7 +74,7 @@ EGRESS_PARENT = "ffff:fff3"
 BURST_TIME_S = 0.300
 BURST_FLOOR = 128 * 1024
 # FPS slow start (000_efbf5459a9d12355.txt end of §3.2.2): 10 full frames a
-# second (TCP's initial window) still pass a class whose rate is 0.
+# second (TCP's initial window) still pass a class whose rate is below that.
 ZERO_RATE_BURST = 10 * 1514
 
 

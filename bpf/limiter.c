@@ -179,10 +179,12 @@ static __always_inline int police(__u32 class_id, __u64 len, __u64 now)
 	 * (000_efbf5459a9d12355.txt Fig. 1, lines 4-6). */
 	if (mode == MODE_DROP && (__u64)bpf_get_prandom_u32() < c->drop_prob)
 		return 0;
-	/* FPS slow start: a rate-0 bucket still lets zero_rate_burst bytes per
-	 * second through, so a new flow's SYN and first packets get out
-	 * (000_efbf5459a9d12355.txt end of §3.2.2). */
-	if (mode == MODE_BUCKET && rate == 0) {
+	/* FPS slow start: a bucket slower than zero_rate_burst bytes per second
+	 * (0 included) still lets that many through, so a new flow's SYN and
+	 * first packets get out (000_efbf5459a9d12355.txt end of §3.2.2), and
+	 * so does a starved flow's retransmission: at a few bytes per second
+	 * every retransmission would be dropped and TCP would back off for good. */
+	if (mode == MODE_BUCKET && rate < c->zero_rate_burst) {
 		rate = c->zero_rate_burst;
 		burst = c->zero_rate_burst;
 	}

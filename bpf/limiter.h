@@ -80,7 +80,7 @@ struct class_config {
 	__u64 timeout_ns;          /* 0 = never; after updated_ns + timeout_ns the safe rate applies */
 	__u64 safe_rate_Bps;       /* fail-safe bucket rate when the agent is silent; UNLIMITED = pass */
 	__u64 safe_burst_bytes;
-	__u64 zero_rate_burst;     /* bytes per second a rate-0 bucket still lets through (FPS slow start) */
+	__u64 zero_rate_burst;     /* floor of a bucket's rate, bytes/s (FPS slow start, limiter.c police) */
 	__u64 quota_bytes;         /* byte allowance, loaded when quota_seq changes */
 	__u32 quota_seq;           /* 0 = no quota; agent/datapath.py bumps it on every new allowance */
 	__u32 mode;                /* MODE_* */

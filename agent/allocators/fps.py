@@ -159,7 +159,10 @@ class FlowProportionalShare:
         sampled = [rate for rate in snap.local.flow_rates_Bps if rate > 0.0 and rate >= floor]
         if not sampled:
             return UNBOTTLENECKED, 1.0
-        return UNBOTTLENECKED, current / max(sampled)
+        # Line 6 divides the local limit by the flow rate; when the datapath let more
+        # through than a tiny limit (its slow-start floor), what went out is the
+        # better numerator, else a starved limiter's weight stays near 0 for good.
+        return UNBOTTLENECKED, max(current, snap.local.sent_Bps) / max(sampled)
 
     @staticmethod
     def _elapsed(state: FpsState, snap: Snapshot) -> float:
