@@ -45,7 +45,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
-from agent.allocators.base import Mode
+from agent.allocators.base import Mode, SLOW_START_Bps
 from agent.classes import PROTOCOLS, ClassRule
 
 try:
@@ -73,9 +73,7 @@ EGRESS_PARENT = "ffff:fff3"
 # Never less than 128 KiB, two 64 KiB GSO skbs.
 BURST_TIME_S = 0.300
 BURST_FLOOR = 128 * 1024
-# FPS slow start (000_efbf5459a9d12355.txt end of §3.2.2): 10 full frames a
-# second (TCP's initial window) still pass a class whose rate is below that.
-ZERO_RATE_BURST = 10 * 1514
+ZERO_RATE_BURST = SLOW_START_Bps
 
 
 class DatapathError(RuntimeError):

@@ -47,7 +47,8 @@ def run(opts: Options) -> dict:
     # Bound b: mean demand b/2 per node uses half the quota during the run.
     demand = QuotaLoops(n, max_Bps=PER_NODE_BYTES / run_s, rng=np.random.default_rng([opts.seed, n]))
     setup = Setup(allocator="dqmp", n_nodes=n, global_Bps=0.0, params=params, interval_s=INTERVAL_S,
-                  delay_s=0.0005, graph=create("dqmp", **params)._topology(n), seed=opts.seed)
+                  delay_s=0.0005, graph=create("dqmp", **params)._topology(n), seed=opts.seed,
+                  estimator_ewma=0.0)   # 001's grants follow each request; no smoothing in the paper
     sim = Simulation(setup, demand)
     ticks = round(run_s / INTERVAL_S)
     crash_tick = ticks // 3

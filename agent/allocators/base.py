@@ -27,6 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Union
 
 
+# FPS slow start (000_efbf5459a9d12355.txt end of §3.2.2): 10 full frames a
+# second (TCP's initial window) still pass a token bucket set below that rate
+# (bpf/limiter.c police; agent/datapath.py writes it to every class config).
+SLOW_START_Bps = 10 * 1514
+
+
 class Mode(enum.IntEnum):
     """What the BPF program does with a class; values mirror MODE_* in bpf/limiter.h."""
     PASS = 0

@@ -62,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Decision, Mode, Snapshot, Step, effective_limit, ewma
+from .base import SLOW_START_Bps, Decision, Mode, Snapshot, Step, effective_limit, ewma
 from .common import check_range, kept_share
 
 UNBOTTLENECKED = "unbottlenecked"
@@ -159,10 +159,11 @@ class FlowProportionalShare:
         sampled = [rate for rate in snap.local.flow_rates_Bps if rate > 0.0 and rate >= floor]
         if not sampled:
             return UNBOTTLENECKED, 1.0
-        # Line 6 divides the local limit by the flow rate; when the datapath let more
-        # through than a tiny limit (its slow-start floor), what went out is the
-        # better numerator, else a starved limiter's weight stays near 0 for good.
-        return UNBOTTLENECKED, max(current, snap.local.sent_Bps) / max(sampled)
+        # Line 6.  Below the datapath's slow-start floor more goes out than the
+        # limit says; dividing the limit would keep a starved limiter's weight
+        # near 0 for good, so there what went out is the numerator.
+        local_Bps = current if current >= SLOW_START_Bps else max(current, snap.local.sent_Bps)
+        return UNBOTTLENECKED, local_Bps / max(sampled)
 
     @staticmethod
     def _elapsed(state: FpsState, snap: Snapshot) -> float:
