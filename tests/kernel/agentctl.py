@@ -49,9 +49,7 @@ class Agents:
     def start(self, host, peers=(), allocator="fps", global_="10mbit", *extra: str, wait: bool = True) -> Agent:
         log = self.dir / f"n{host.index}.log"
         with open(log, "a") as out:
-            proc = subprocess.Popen(host.argv(*self.argv(host, peers, allocator, global_, *extra)),
-                                    stdout=out, stderr=out, start_new_session=True)
-        self.net._procs.append(proc)
+            proc = self.net.start(host.argv(*self.argv(host, peers, allocator, global_, *extra)), log=out)
         agent = Agent(host, proc, str(self.dir / f"n{host.index}.sock"), log)
         if wait:
             self.wait_ready(agent)

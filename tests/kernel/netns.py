@@ -223,9 +223,10 @@ class Network:
         self.hosts = [Host(self, i, ns) for i, ns in enumerate(self.namespaces()[:self.n_hosts], 1)]
         return self
 
-    def start(self, argv: list[str], quiet: bool = False) -> subprocess.Popen:
-        """Run argv in its own session; quiet = discard its output (long-lived servers)."""
-        out = subprocess.DEVNULL if quiet else subprocess.PIPE
+    def start(self, argv: list[str], quiet: bool = False, log=None) -> subprocess.Popen:
+        """Run argv in its own session; quiet = discard its output (long-lived servers),
+        log = an open file that gets stdout and stderr (long-lived and chatty: agents)."""
+        out = log or (subprocess.DEVNULL if quiet else subprocess.PIPE)
         proc = subprocess.Popen(argv, stdout=out, stderr=out, text=True, start_new_session=True)
         self._procs.append(proc)
         return proc
