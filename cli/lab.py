@@ -10,6 +10,7 @@ Examples:
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -31,6 +32,18 @@ def main() -> None:
 
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt  # SIGTERM tears the run down exactly like Ctrl-C
+
+
+def _plain_signals_in_child() -> None:
+    """A fork of the lab (pyroute2's NetNS forks a helper, then stops it with
+    SIGTERM) must die of SIGTERM/SIGINT, not raise KeyboardInterrupt: that
+    would run the lab's teardown in the child and kill the live run's agents
+    and receivers (seen once in CI as a run delivering 0 bytes)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_plain_signals_in_child)
 
 
 def _guarded(fn, *args, **kw):

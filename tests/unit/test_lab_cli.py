@@ -1,7 +1,11 @@
 """drl-lab's commands: names, help, and one-line errors (nothing here needs root)."""
+import os
+import signal
+import time
+
 from click.testing import CliRunner
 
-from cli.lab import main, render
+from cli.lab import _guarded, main, render
 
 
 def test_list_shows_every_builtin():
@@ -51,3 +55,32 @@ def test_render_puts_allocators_side_by_side():
     assert lines[0].split() == ["baseline", "fps", "ctb"]
     assert any(l.split()[:2] == ["l2", "share"] and "0.700" in l and "0.690" in l for l in lines)
     assert any(l.startswith("Jain's index") and "0.950" in l and "0.970" in l for l in lines)
+
+
+def test_a_fork_of_the_lab_dies_of_sigterm_instead_of_tearing_the_run_down():
+    """pyroute2's NetNS forks a helper from the lab and stops it with SIGTERM; with the
+    lab's handler the helper would raise KeyboardInterrupt and tear down the live run."""
+    old = signal.getsignal(signal.SIGTERM)
+    ready_r, ready_w = os.pipe()
+
+    def fork_a_helper() -> int:
+        pid = os.fork()
+        if pid == 0:                              # the helper: never return into pytest
+            try:
+                os.write(ready_w, b"x")
+                time.sleep(10)
+            except BaseException:
+                os._exit(130)                     # what the lab's handler would make of it
+            os._exit(0)
+        return pid
+
+    try:
+        pid = _guarded(fork_a_helper)
+        os.read(ready_r, 1)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        os.close(ready_r)
+        os.close(ready_w)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
