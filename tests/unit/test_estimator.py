@@ -37,24 +37,36 @@ def test_ewma_is_per_second_whatever_the_interval():
 
 def test_flow_rates_come_from_byte_deltas_and_new_flows_are_counted():
     est = Estimator(ewma=0.0)
-    est.update(1.0, Counters(), [flow(1, 10_000, 0.5, 1.0)], now_ns=1 * S)
-    local = est.update(1.1, Counters(), [flow(1, 30_000, 0.5, 1.1), flow(2, 5_000, 1.05, 1.1)], now_ns=int(1.1 * S))
+    est.update(1.0, Counters(10_000), [flow(1, 10_000, 0.5, 1.0)], now_ns=1 * S)
+    local = est.update(1.1, Counters(35_000), [flow(1, 30_000, 0.5, 1.1), flow(2, 5_000, 1.05, 1.1)],
+                       now_ns=int(1.1 * S))
     assert local.new_flows == 1
     assert local.flow_rates_Bps == pytest.approx((200_000, 100_000))   # 20 kB / 0.1 s; 5 kB / 0.05 s
 
 
 def test_a_flow_in_a_retransmission_timeout_is_not_new_when_it_resumes():
     est = Estimator(ewma=0.0)
-    est.update(1.0, Counters(), [flow(1, 50_000, 0.0, 1.0)], now_ns=1 * S)
-    local = est.update(1.4, Counters(), [flow(1, 50_000, 0.0, 1.0)], now_ns=int(1.4 * S))   # silent 400 ms
+    est.update(1.0, Counters(50_000), [flow(1, 50_000, 0.0, 1.0)], now_ns=1 * S)
+    local = est.update(1.4, Counters(50_000), [flow(1, 50_000, 0.0, 1.0)], now_ns=int(1.4 * S))   # silent 400 ms
     assert local.flow_rates_Bps == () and local.new_flows == 0
-    local = est.update(1.5, Counters(), [flow(1, 51_000, 0.0, 1.5)], now_ns=int(1.5 * S))
+    local = est.update(1.5, Counters(51_000), [flow(1, 51_000, 0.0, 1.5)], now_ns=int(1.5 * S))
     assert local.flow_rates_Bps == pytest.approx((10_000,)) and local.new_flows == 0
 
 
 def test_an_idle_flow_leaves_the_rates_after_a_second():
     est = Estimator(ewma=0.5)
-    est.update(1.0, Counters(), [flow(1, 50_000, 0.0, 1.0)], now_ns=1 * S)
-    est.update(1.1, Counters(), [flow(1, 60_000, 0.0, 1.1)], now_ns=int(1.1 * S))
-    assert est.update(2.0, Counters(), [flow(1, 60_000, 0.0, 1.1)], now_ns=2 * S).flow_rates_Bps != ()
-    assert est.update(2.2, Counters(), [flow(1, 60_000, 0.0, 1.1)], now_ns=int(2.2 * S)).flow_rates_Bps == ()
+    est.update(1.0, Counters(50_000), [flow(1, 50_000, 0.0, 1.0)], now_ns=1 * S)
+    est.update(1.1, Counters(60_000), [flow(1, 60_000, 0.0, 1.1)], now_ns=int(1.1 * S))
+    assert est.update(2.0, Counters(60_000), [flow(1, 60_000, 0.0, 1.1)], now_ns=2 * S).flow_rates_Bps != ()
+    assert est.update(2.2, Counters(60_000), [flow(1, 60_000, 0.0, 1.1)], now_ns=int(2.2 * S)).flow_rates_Bps == ()
+
+
+def test_no_flow_counts_faster_than_its_class():
+    """A flow sampled 2 ms after a 128 KiB bucket burst: 64 kB / 2 ms would be 32 MB/s,
+    at a class whose smoothed demand is 200 kB/s (what starved a CI run's FPS newcomer)."""
+    est = Estimator(ewma=0.1)
+    est.update(1.0, Counters(0))
+    local = est.update(1.05, Counters(10_000))                                      # 200 kB/s so far
+    local = est.update(1.1, Counters(140_000), [flow(1, 64_000, 1.098, 1.1)], now_ns=int(1.1 * S))
+    assert local.new_flows == 1
+    assert local.flow_rates_Bps[0] <= local.demand_Bps < 1e6
