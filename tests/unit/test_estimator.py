@@ -66,7 +66,7 @@ def test_no_flow_counts_faster_than_its_class():
     at a class whose smoothed demand is 200 kB/s (what starved a CI run's FPS newcomer)."""
     est = Estimator(ewma=0.1)
     est.update(1.0, Counters(0))
-    local = est.update(1.05, Counters(10_000))                                      # 200 kB/s so far
+    est.update(1.05, Counters(10_000))                                              # 200 kB/s so far
     local = est.update(1.1, Counters(140_000), [flow(1, 64_000, 1.098, 1.1)], now_ns=int(1.1 * S))
     assert local.new_flows == 1
     assert local.flow_rates_Bps[0] <= local.demand_Bps < 1e6
