@@ -50,6 +50,7 @@ class Config:
     safe_Bps: float
     failsafe_s: float
     ewma: float
+    flow_ewma: float
     sample_probability: float
     max_flows: int
     state_dir: str
@@ -83,6 +84,7 @@ def build_config(opts: Mapping[str, Any]) -> Config:
         burst_bytes=opts["burst_bytes"], classes=classes, socket_path=opts["socket_path"],
         safe_Bps=opts["safe_Bps"] if opts["safe_Bps"] is not None else opts["global_Bps"] / n_nodes,
         failsafe_s=max(FAILSAFE_MIN_S, FAILSAFE_INTERVALS * interval_s), ewma=opts["ewma"],
+        flow_ewma=opts["flow_ewma"],
         sample_probability=_sample_probability(opts, allocator), max_flows=opts["max_flows"],
         state_dir=opts["state_dir"])
 

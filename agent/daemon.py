@@ -80,7 +80,7 @@ class Agent:
         except BaseException:
             self._stack.close()
             raise
-        self.estimator = Estimator(ewma=config.ewma)
+        self.estimator = Estimator(ewma=config.ewma, flow_ewma=config.flow_ewma)
         self.inbox: list = []
         self.stopping = False
         self.started = time.monotonic()

@@ -48,6 +48,8 @@ def main() -> None:
 @click.option("--safe-rate", "safe_Bps", type=RATE, help="Rate the kernel falls back to if the agent stops updating [default: global/N].")
 @click.option("--ewma", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
               help="Share of an estimate still present after one second (the paper's 1-second EWMA; 0 = none).")
+@click.option("--flow-ewma", type=click.FloatRange(0, 1, max_open=True), default=0.8, show_default=True,
+              help="Share of a flow's byte share still present after one second (FPS's flow rates; see README).")
 @click.option("--sample-probability", type=PROBABILITY,
               help="Probability that a new flow enters the flow table (FPS's sample set) [default: fps 0.1, others 1].")
 @click.option("--max-flows", type=click.IntRange(min=16), default=4096, show_default=True, help="Flow table size.")

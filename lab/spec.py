@@ -38,6 +38,7 @@ AGENT_OPTIONS: dict[str, Callable[[str], Any]] = {
     "peer_timeout": parse_duration,
     "burst": parse_size,
     "ewma": lambda v: _in_range(float(v), 0.0, 1.0, hi_open=True),
+    "flow_ewma": lambda v: _in_range(float(v), 0.0, 1.0, hi_open=True),
     "sample_probability": lambda v: _in_range(float(v), 0.0, 1.0, lo_open=True),
     "branching": lambda v: _in_range(int(v), 1, math.inf),
     "eta": lambda v: _in_range(float(v), 0.0, math.inf, lo_open=True),
@@ -102,6 +103,7 @@ class Experiment:
     events: tuple[LinkEvent, ...] = ()
     agent: dict[str, str] = field(default_factory=dict)               # option -> text
     params: dict[str, dict[str, str]] = field(default_factory=dict)   # allocator -> overrides
+    rto_min_s: float | None = None              # TCP's minimum RTO on every host's routes
     path: str = ""
 
     # -- the graph (hosts and links) -------------------------------------------------
@@ -189,12 +191,23 @@ def loads(text: str, path: str = "<string>") -> Experiment:
         events=tuple(_event(t, duration) for t in top.array("event")),
         agent=_agent_options(top.sub("agent", required=False)),
         params={a: _agent_options(t) for a, t in top.sub("params", required=False).subtables(allocator=True)},
+        rto_min_s=_rto_min(exp_t),
         path=path,
     )
     exp_t.finish()
     top.finish()
     _check_graph(exp, src)
     return exp
+
+
+def _rto_min(t: "_Table") -> float | None:
+    """``rto_min``: ip-route's per-route floor of TCP's retransmission timeout.
+    Linux's 200 ms is a few RTTs on the paper's 40-ms paths but thousands on a
+    veth, where TCP flows sharing one bucket then take turns by timeouts."""
+    value = t.duration("rto_min", None)
+    if value is not None and not 0.001 <= value <= 0.2:
+        raise t.error("rto_min", "must be between 1ms and 200ms (Linux's default)")
+    return value
 
 
 def _hosts(t: "_Table") -> dict[str, str]:

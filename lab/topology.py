@@ -136,11 +136,24 @@ class Plan:
         for host in self.exp.hosts:
             if len(self.exp.neighbours(host)) > 1:
                 cmds.append(["ip", "netns", "exec", self.ns(host), "sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        cmds += [["ip", "-n", self.ns(r.host), "route", "add", r.dst, "via", r.via] for r in self.routes]
+        cmds += [["ip", "-n", self.ns(r.host), "route", "add", r.dst, "via", r.via, *self.route_options()]
+                 for r in self.routes]
+        if self.exp.rto_min_s:   # the connected subnets' routes too
+            cmds += [["ip", "-n", self.ns(end.host), "route", "replace", f"10.1.{i}.0/24", "dev", end.name,
+                      *self.route_options()] for i, v in enumerate(self.veths) for end in (v.a, v.b)]
         for v in self.veths:
             if v.link.rate_Bps or v.link.delay_s or v.link.loss_pct:
                 cmds += self.shaping_commands(v.link, v.link.rate_Bps)
         return cmds
+
+    @property
+    def rto_min(self) -> str | None:
+        """The experiment's TCP RTO floor in ip-route's syntax; None keeps the kernel's."""
+        return f"{self.exp.rto_min_s * 1e3:g}ms" if self.exp.rto_min_s else None
+
+    def route_options(self) -> list[str]:
+        """Per-route options every data route gets."""
+        return ["rto_min", self.rto_min] if self.rto_min else []
 
     def shaping_commands(self, link: Link, rate_Bps: float | None) -> list[list[str]]:
         """Shape both directions of ``link``: TBF for a rate, netem when it has delay or loss."""

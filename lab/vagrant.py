@@ -55,6 +55,7 @@ def export(exp: Experiment) -> dict:
     events = [{"at_s": e.at_s, "link": list(e.link), "rate_bps": to_bps(e.rate_Bps)} for e in exp.events]
     return {"experiment": exp.name, "description": exp.description, "global_bps": to_bps(exp.global_Bps),
             "duration_s": exp.duration_s, "allocators": list(exp.allocators),
+            "rto_min": spread.rto_min,
             "hosts": hosts, "agents": agents, "traffic": traffic, "events": events}
 
 

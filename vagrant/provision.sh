@@ -17,9 +17,15 @@ iface_of() {  # the NIC that carries address $1
 }
 
 sysctl -qw net.ipv4.ip_forward=1
+rto=${DRL_RTO_MIN:+rto_min ${DRL_RTO_MIN}}   # the experiment's TCP RTO floor, on every lab route (lab/spec.py)
 for r in ${DRL_ROUTES}; do
-    ip route replace "${r%%,*}" via "${r##*,}"
+    ip route replace "${r%%,*}" via "${r##*,}" $rto
 done
+if [ -n "$rto" ]; then
+    ip -o -4 route show scope link | awk '$1 ~ /^10\.1\./ {print $1, $3}' | while read -r dst dev; do
+        ip route replace "$dst" dev "$dev" $rto
+    done
+fi
 for s in ${DRL_SHAPING}; do
     dev=$(iface_of "${s%%,*}")
     rate=${s##*,}

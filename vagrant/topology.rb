@@ -8,7 +8,7 @@ require "shellwords"
 
 module DrlTopology
   # One hash per VM: name, role, ips (one per link, in link order), intnets,
-  # routes, shaping, the agent command (nil if the host runs none) and traffic.
+  # routes, rto_min ("" = the kernel's), shaping, the agent command (nil if the host runs none) and traffic.
   def self.vms(path, allocator = nil)
     topo = JSON.parse(File.read(path))
     allocator ||= topo["allocators"].first
@@ -24,6 +24,7 @@ module DrlTopology
         "role" => h["role"],
         "networks" => nets,
         "routes" => h["routes"].map { |r| "#{r['dst']},#{r['via']}" },
+        "rto_min" => topo["rto_min"].to_s,
         "shaping" => h["links"].select { |l| l["rate_bps"] }.map { |l| "#{l['addr']},#{l['rate_bps'].to_i}" },
         "agent_iface_addr" => agent && agent["iface_addr"],
         "agent_argv" => agent && agent["argv"],

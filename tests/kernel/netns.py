@@ -17,6 +17,12 @@ Naming is the API (other tests rely on it):
   bridge ``br0`` joins them.  Interface names live only inside the namespaces,
   so they never clash with the host's and stay far below 15 characters.
 * iperf3 servers listen on 5201, 5202, ... per host, in start order.
+* ``rto_min`` (e.g. ``WAN_RTO_MIN``), when given, is set on every host's
+  subnet routes: TCP's minimum retransmission timeout.  Linux's default,
+  200 ms, is a few RTTs on a WAN but 4,000 of a veth's 50 us, and TCP flows
+  sharing one token bucket then take turns by timeouts instead of sharing
+  it (README "TCP on veth"); tests of how agents divide a limit among TCP
+  flows use ``WAN_RTO_MIN``.
 
 The topology is planned as a list of ``ip`` commands first (``Network.plan()``,
 testable without root) and then executed.  ``close()`` (the ``with`` exit)
@@ -34,6 +40,10 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+
+
+# TCP's minimum RTO for agent tests: 200 veth RTTs, as 200 ms is a few WAN RTTs.
+WAN_RTO_MIN = "10ms"
 
 
 def run_prefix(base: str) -> str:
@@ -178,6 +188,7 @@ class Network:
     """n_hosts namespaces named from prefix (see the module docstring)."""
     prefix: str
     n_hosts: int = 2
+    rto_min: str | None = None
     hosts: list[Host] = field(default_factory=list)
     _procs: list[subprocess.Popen] = field(default_factory=list)
     _made: list[str] = field(default_factory=list)
@@ -209,6 +220,10 @@ class Network:
                      ["ip", "-n", ns, "addr", "add", f"fd00::{i}/64", "dev", "eth0", "nodad"],
                      ["ip", "-n", ns, "link", "set", "eth0", "up"],
                      ["ip", "-n", ns, "link", "set", "lo", "up"]]
+            if self.rto_min:
+                cmds += [["ip", "-n", ns, "route", "replace", "10.0.0.0/24", "dev", "eth0", "rto_min", self.rto_min],
+                         ["ip", "-n", ns, "-6", "route", "replace", "fd00::/64", "dev", "eth0", "metric", "256",
+                          "rto_min", self.rto_min]]
         return cmds
 
     def build(self) -> "Network":

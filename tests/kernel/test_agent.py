@@ -15,7 +15,7 @@ import time
 import pytest
 
 from agentctl import PORT, Agents, has_clsact, jain, rx_bytes, sink_rate_bps, tc_filters
-from netns import Network, kernel_skip_reason, run_prefix, within
+from netns import WAN_RTO_MIN, Network, kernel_skip_reason, run_prefix, within
 
 pytestmark = pytest.mark.kernel
 
@@ -25,7 +25,7 @@ def net3():
     reason = kernel_skip_reason()
     if reason:
         pytest.skip(reason)
-    with Network(run_prefix("ag"), n_hosts=3) as network:
+    with Network(run_prefix("ag"), n_hosts=3, rto_min=WAN_RTO_MIN) as network:
         yield network
 
 
@@ -73,12 +73,12 @@ def test_fps_pair_shares_the_limit_3_to_7_and_every_flow_fairly(net3, agents):
         r1, r2 = c1.wait(), c2.wait()
     assert within(rate, 10e6, 0.05), rate
     l1, l2 = (sum(col) / len(col) for col in zip(*limits))
-    # 3:7 would be 0.30 and the issue asks Jain >= 0.9; measured here over 18 runs: split
-    # 0.33-0.47 (median 0.40), Jain 0.85-0.98.  Within a bucket, TCP flows at microsecond
-    # RTTs share unevenly, so the fastest flow overstates the per-flow rate most at the
-    # 7-flow limiter (README "FPS on veth").  Static would give 0.5 (and Jain 0.84).
-    assert 0.25 <= l1 / (l1 + l2) <= 0.48, (l1, l2)
-    assert jain(r1.stream_bytes + r2.stream_bytes) >= 0.8, (r1.stream_bytes, r2.stream_bytes)
+    # The issue asks 3:7 +-10 % (0.27-0.33) and Jain >= 0.9.  Measured over 19 runs:
+    # split 0.286-0.326 (mean 0.311: the max of 7 flows' rates overstates a little more
+    # than the max of 3), Jain 0.986-0.998; 0.34 leaves room for a noisy machine.
+    # Without WAN_RTO_MIN neither holds (README "TCP on veth").
+    assert 0.27 <= l1 / (l1 + l2) <= 0.34, (l1, l2)
+    assert jain(r1.stream_bytes + r2.stream_bytes) >= 0.9, (r1.stream_bytes, r2.stream_bytes)
     for st, other in zip(statuses, ("n2", "n1")):
         assert [(p["node_id"], p["state"]) for p in st["peers"]] == [(other, "alive")], st["peers"]
         assert st["gossip"]["received"] > 0 and st["gossip"]["rejected"] == 0, st["gossip"]

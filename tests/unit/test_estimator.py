@@ -70,3 +70,39 @@ def test_no_flow_counts_faster_than_its_class():
     local = est.update(1.1, Counters(140_000), [flow(1, 64_000, 1.098, 1.1)], now_ns=int(1.1 * S))
     assert local.new_flows == 1
     assert local.flow_rates_Bps[0] <= local.demand_Bps < 1e6
+
+
+def trading_flows(est: Estimator, seconds: float) -> float:
+    """Two flows that trade 80 % / 20 % of a 1 MB/s class every 500 ms, as TCP
+    flows inside one bucket do; the highest max-flow-rate / sent-rate of the
+    last half."""
+    est.update(0.0, Counters(0), [flow(1, 0, 0.0, 0.0), flow(2, 0, 0.0, 0.0)], now_ns=0)
+    a = b = 0
+    peak = 0.0
+    ticks = int(seconds / 0.05)
+    for tick in range(1, ticks + 1):
+        now = tick * 0.05
+        a, b = (a + 40_000, b + 10_000) if (tick // 10) % 2 else (a + 10_000, b + 40_000)
+        local = est.update(now, Counters(a + b), [flow(1, a, 0.0, now), flow(2, b, 0.0, now)], now_ns=int(now * S))
+        if tick > ticks / 2:
+            peak = max(peak, local.flow_rates_Bps[0] / local.sent_Bps)
+    return peak
+
+
+def test_flows_that_trade_the_bucket_among_themselves_count_at_their_long_run_share():
+    """The max of per-flow rates smoothed like the demand swings towards the
+    80 % flow; smoothing the shares for longer keeps it near the 50 % both have."""
+    assert trading_flows(Estimator(ewma=0.1, flow_ewma=0.1), 10.0) >= 0.62
+    assert trading_flows(Estimator(ewma=0.1, flow_ewma=0.8), 10.0) <= 0.55
+
+
+def test_a_lone_flow_follows_its_class_at_the_demands_speed():
+    """The share is smoothed, not the rate: when the limit doubles, a lone flow's
+    rate is the class's sent rate at once, not a second later."""
+    est = Estimator(ewma=0.1, flow_ewma=0.9)
+    sent = 0
+    for tick in range(200):
+        now = tick * 0.05
+        sent += 10_000 if tick < 100 else 20_000
+        local = est.update(now, Counters(sent), [flow(1, sent, 0.0, now)], now_ns=int(now * S))
+    assert local.sent_Bps > 390_000 and local.flow_rates_Bps == pytest.approx((local.sent_Bps,))

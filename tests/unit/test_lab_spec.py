@@ -93,6 +93,7 @@ def _bad(replace: str, by: str) -> str:
     ('at = "10s"', 'at = "30s"', "bad.toml:36: [[event]] #1: field 'at'"),
     ('sw = "router"', 'sw = "switch"', "bad.toml:10: [hosts]: field 'sw': expected one of limiter"),
     ('l1 = "limiter"', 'limiter1 = "limiter"', "[hosts]: field 'limiter1': host names are 1-6 characters"),
+    ('global = "10mbit"', 'global = "10mbit"\nrto_min = "1s"', "bad.toml:4: [experiment]: field 'rto_min': must be between"),
 ])
 def test_bad_field_names_line_and_field(replace, by, expect):
     assert expect in _bad(replace, by)

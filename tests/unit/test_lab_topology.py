@@ -1,4 +1,6 @@
 """Planning a topology is pure: names, addresses, routes and commands, checked without root."""
+import dataclasses
+
 import pytest
 
 from lab.agents import agent_argv
@@ -32,6 +34,18 @@ def test_routes_lead_every_source_to_the_sink():
     assert table[("l2", "10.1.3.0/24")] == p.iface("sw", "l2").addr
     # and the sink routes replies back through sw
     assert table[("sink", "10.1.2.0/24")] == p.iface("sw", "sink").addr
+
+
+def test_rto_min_reaches_every_data_route_and_only_when_asked():
+    exp = resolve("bottleneck")
+    plain = [c for c in plan(exp, run="lb0001").build_commands() if "route" in c]
+    assert plain and not any("rto_min" in c for c in plain)
+    cmds = plan(dataclasses.replace(exp, rto_min_s=0.01), run="lb0001").build_commands()
+    routes = [c for c in cmds if "route" in c]
+    assert all(c[-2:] == ["rto_min", "10ms"] for c in routes)
+    # every link's subnet is reached by a route with the option, from every host
+    reach = {(c[2], c[5]) for c in routes}
+    assert reach == {(f"lb0001-{h}", f"10.1.{i}.0/24") for h in exp.hosts for i in range(len(exp.links))}
 
 
 def test_agents_limit_the_egress_toward_the_sink():

@@ -35,6 +35,7 @@ def test_vagrantfile_reader_builds_the_labs_hosts(name):
                 ips.append(lab.ctl_address(host))
             assert [n["ip"] for n in vms[host]["networks"]] == ips
             assert vms[host]["routes"] == [f"{r.dst},{r.via}" for r in lab.routes if r.host == host]
+            assert vms[host]["rto_min"] == (lab.rto_min or "")
         agents = {h: vm for h, vm in vms.items() if vm["agent_argv"]}
         central = plan(exp, run="lb0000", central=alloc == "ctb")
         assert set(agents) == set(central.agent_ifaces())
