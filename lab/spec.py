@@ -28,6 +28,7 @@ from .errors import LabError
 
 ROLES = ("limiter", "router", "source", "sink")
 KINDS = ("tcp", "udp", "web")
+AVAILABLE_CC = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 REFERENCE = "ctb"  # the centralized token bucket every experiment compares against (§4)
 HOST_NAME = re.compile(r"[a-z][a-z0-9]{0,5}")  # <= 6 chars: interface names are <= 15 (lab/topology.py)
 RESERVED = {"ctl"}  # the control-network namespace
@@ -104,6 +105,7 @@ class Experiment:
     agent: dict[str, str] = field(default_factory=dict)               # option -> text
     params: dict[str, dict[str, str]] = field(default_factory=dict)   # allocator -> overrides
     rto_min_s: float | None = None              # TCP's minimum RTO on every host's routes
+    congestion_control: str | None = None       # the TCP groups' algorithm; None: the machine's
     path: str = ""
 
     # -- the graph (hosts and links) -------------------------------------------------
@@ -192,6 +194,7 @@ def loads(text: str, path: str = "<string>") -> Experiment:
         agent=_agent_options(top.sub("agent", required=False)),
         params={a: _agent_options(t) for a, t in top.sub("params", required=False).subtables(allocator=True)},
         rto_min_s=_rto_min(exp_t),
+        congestion_control=_congestion_control(exp_t),
         path=path,
     )
     exp_t.finish()
@@ -208,6 +211,16 @@ def _rto_min(t: "_Table") -> float | None:
     if value is not None and not 0.001 <= value <= 0.2:
         raise t.error("rto_min", "must be between 1ms and 200ms (Linux's default)")
     return value
+
+
+def _congestion_control(t: "_Table") -> str | None:
+    """``congestion_control``: the TCP groups' algorithm (iperf3 -C).  Unset,
+    flows use the machine's default, which differs between machines (bbr on
+    the project's VM, cubic on most)."""
+    if "congestion_control" not in t.data:
+        return None
+    available = Path(AVAILABLE_CC).read_text().split() if Path(AVAILABLE_CC).exists() else None
+    return t.text("congestion_control", choices=available)
 
 
 def _hosts(t: "_Table") -> dict[str, str]:

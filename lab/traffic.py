@@ -34,6 +34,7 @@ class Group:
     sink: str
     target: str   # the address the client connects to
     seed: int = 0
+    congestion_control: str | None = None   # iperf3 -C for TCP groups; None: the machine's default
 
     @property
     def port(self) -> int:
@@ -77,6 +78,8 @@ class Group:
                 "-P", str(t.flows), "-i", "0"]
         if t.kind == "udp":
             argv += ["-u", "-b", f"{to_bps(t.rate_Bps):.0f}"]
+        elif self.congestion_control:
+            argv += ["-C", self.congestion_control]
         return argv
 
 
@@ -85,5 +88,6 @@ def place(plan: Plan, seed: int = 0) -> list[Group]:
     out = []
     for i, t in enumerate(exp.traffic):
         target = plan.address(t.src) if t.kind == "web" else plan.address(exp.sink)
-        out.append(Group(i, t, exp.limiter_of(t.src), exp.sink, target, seed=seed * 1000 + i))
+        out.append(Group(i, t, exp.limiter_of(t.src), exp.sink, target, seed=seed * 1000 + i,
+                         congestion_control=exp.congestion_control))
     return out

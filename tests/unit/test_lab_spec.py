@@ -94,6 +94,8 @@ def _bad(replace: str, by: str) -> str:
     ('sw = "router"', 'sw = "switch"', "bad.toml:10: [hosts]: field 'sw': expected one of limiter"),
     ('l1 = "limiter"', 'limiter1 = "limiter"', "[hosts]: field 'limiter1': host names are 1-6 characters"),
     ('global = "10mbit"', 'global = "10mbit"\nrto_min = "1s"', "bad.toml:4: [experiment]: field 'rto_min': must be between"),
+    ('global = "10mbit"', 'global = "10mbit"\ncongestion_control = "fastest"',
+     "bad.toml:4: [experiment]: field 'congestion_control': expected one of"),
 ])
 def test_bad_field_names_line_and_field(replace, by, expect):
     assert expect in _bad(replace, by)

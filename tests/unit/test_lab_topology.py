@@ -1,10 +1,12 @@
 """Planning a topology is pure: names, addresses, routes and commands, checked without root."""
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from lab.agents import agent_argv
 from lab.registry import builtin, resolve
+from lab.spec import loads
 from lab.topology import IFNAMSIZ, RUN, new_run, plan
 from lab.traffic import place
 
@@ -37,7 +39,7 @@ def test_routes_lead_every_source_to_the_sink():
 
 
 def test_rto_min_reaches_every_data_route_and_only_when_asked():
-    exp = resolve("bottleneck")
+    exp = dataclasses.replace(resolve("bottleneck"), rto_min_s=None)
     plain = [c for c in plan(exp, run="lb0001").build_commands() if "route" in c]
     assert plain and not any("rto_min" in c for c in plain)
     cmds = plan(dataclasses.replace(exp, rto_min_s=0.01), run="lb0001").build_commands()
@@ -90,6 +92,32 @@ def test_traffic_places_servers_where_the_limited_direction_needs_them():
     assert (bulk.server_host, bulk.client_host, bulk.target) == ("sink", "l1", p.address("sink"))
     assert (web.server_host, web.client_host, web.target) == ("l2", "sink", p.address("l2"))
     assert bulk.client_argv(__import__("pathlib").Path("/o"))[:3] == ["iperf3", "-c", p.address("sink")]
+
+
+def test_tcp_groups_use_the_experiments_congestion_control_and_udp_none():
+    exp = loads("""
+[experiment]
+duration = "10s"
+global = "10mbit"
+congestion_control = "reno"
+allocators = ["fps"]
+[hosts]
+l1 = "limiter"
+sink = "sink"
+[[link]]
+ends = ["l1", "sink"]
+[[traffic]]
+kind = "tcp"
+from = "l1"
+[[traffic]]
+kind = "udp"
+from = "l1"
+rate = "1mbit"
+""")
+    tcp, udp = (g.client_argv(Path("/o")) for g in place(plan(exp, run="lb0001")))
+    assert tcp[-2:] == ["-C", "reno"] and "-C" not in udp
+    unpinned = place(plan(dataclasses.replace(exp, congestion_control=None), run="lb0001"))
+    assert not any("-C" in g.client_argv(Path("/o")) for g in unpinned)
 
 
 def test_long_names_are_refused():
