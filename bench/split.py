@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernel")]
 
-from agentctl import Agents, jain  # noqa: E402
+from agentctl import Agents, jain, three_to_seven  # noqa: E402
 from netns import Network, run_prefix  # noqa: E402
 
 
@@ -34,19 +32,8 @@ def one_run(rto_min: str | None, flow_ewma: str) -> tuple[float, float]:
         h1, h2, h3 = net.hosts
         agents = Agents(net, Path(tmp))
         opts = ("fps", "10mbit", "--interval", "50ms", "--flow-ewma", flow_ewma)
-        a1, a2 = agents.start(h1, [h2], *opts), agents.start(h2, [h1], *opts)
-        shares = []
-        with h3.iperf3_server() as s1, h3.iperf3_server() as s2:
-            c1 = h1.iperf3_start(s1, seconds=38, streams=3)
-            c2 = h2.iperf3_start(s2, seconds=38, streams=7)
-            time.sleep(6)
-            started = time.monotonic()
-            while time.monotonic() - started < 30:
-                l1, l2 = (agents.status(a)["local_limit_bps"] for a in (a1, a2))
-                shares.append(l1 / (l1 + l2))
-                time.sleep(0.25)
-            r1, r2 = c1.wait(), c2.wait()
-    return statistics.fmean(shares), jain(r1.stream_bytes + r2.stream_bytes)
+        run = three_to_seven(agents, agents.start(h1, [h2], *opts), agents.start(h2, [h1], *opts), h3, poll_s=0.25)
+    return run.share, jain(run.stream_bytes)
 
 
 def main() -> None:

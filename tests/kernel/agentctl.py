@@ -127,6 +127,36 @@ def jain(xs) -> float:
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if xs and any(xs) else 0.0
 
 
+@dataclass
+class SplitRun:
+    """One run of FPS's 3:7 setting (three_to_seven)."""
+    share: float                 # the 3-flow limiter's mean limit over the sum of both means
+    sink_bps: float              # L2 bits/s at the sink over the measured 30 s
+    stream_bytes: tuple          # every flow's bytes (3 then 7), for Jain's index
+    statuses: list               # both agents' status at the end
+
+
+def three_to_seven(agents: Agents, a1: Agent, a2: Agent, sink, poll_s: float) -> SplitRun:
+    """000 §5.1: 3 cubic flows leave a1's host, 7 leave a2's, for 38 s towards
+    ``sink``; after 6 s of warm-up the local limits are read every ``poll_s``
+    for 30 s (the kernel test and bench/split.py)."""
+    limits = []
+    with sink.iperf3_server() as s1, sink.iperf3_server() as s2:
+        c1 = a1.host.iperf3_start(s1, seconds=38, streams=3)
+        c2 = a2.host.iperf3_start(s2, seconds=38, streams=7)
+        time.sleep(6)
+        before = rx_bytes(sink)
+        started = time.monotonic()
+        while time.monotonic() - started < 30:
+            limits.append([agents.status(a)["local_limit_bps"] for a in (a1, a2)])
+            time.sleep(poll_s)
+        rate = (rx_bytes(sink) - before) * 8 / (time.monotonic() - started)
+        statuses = [agents.status(a) for a in (a1, a2)]
+        r1, r2 = c1.wait(), c2.wait()
+    l1, l2 = (sum(col) / len(col) for col in zip(*limits))
+    return SplitRun(l1 / (l1 + l2), rate, r1.stream_bytes + r2.stream_bytes, statuses)
+
+
 def tc_filters(host) -> str:
     return host.run("tc", "filter", "show", "dev", "eth0", "egress")
 
