@@ -31,13 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.allocators.base import Decision, Local, Mode, Snapshot, Step, effective_limit
 from agent.config import Config
 from agent.control import ControlError, ControlServer
 from agent.datapath import Counters, Datapath, DatapathError, now_ns
 from agent.estimator import Estimator
 from agent.gossip import TransportError, UdpTransport, new_incarnation
 from agent.membership import Membership
+from agent.model import Decision, Local, Mode, Snapshot, Step, effective_limit
 from agent.units import format_rate, to_bps
 
 log = logging.getLogger("drl.agent")

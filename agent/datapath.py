@@ -3,7 +3,7 @@
 This is the only module that imports bcc.  Everything above it (agent/daemon.py)
 uses the small interface below, which a test double can implement too::
 
-    from agent.allocators.base import Mode
+    from agent.model import Mode
     from agent.classes import parse_classes
 
     with Datapath("eth0", parse_classes(["dport=80,proto=tcp"]), exempt_udp_ports=[7946]) as dp:
@@ -45,7 +45,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
-from agent.allocators.base import Mode, SLOW_START_Bps
+from agent.model import Mode, SLOW_START_Bps
 from agent.classes import PROTOCOLS, ClassRule
 
 try:

@@ -2,7 +2,7 @@
 
 Every estimate interval the daemon hands the class's cumulative counters and
 the flow table to :meth:`Estimator.update`, which returns the
-:class:`~agent.allocators.base.Local` an allocator consumes::
+:class:`~agent.model.Local` an allocator consumes::
 
     est = Estimator(ewma=0.1)
     local = est.update(now_s, counters, flows)   # Local(demand_Bps=..., flow_rates_Bps=...)
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-from agent.allocators.base import Local, ewma as smooth
+from agent.model import Local, ewma as smooth
 from agent.allocators.common import kept_share
 
 # A flow whose last packet is older than this many intervals, and at least

@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass
 from typing import Hashable, Mapping, NamedTuple, Sequence
 
-from .allocators.base import Envelope
+from .model import Envelope
 from .wire import (MAX_DATAGRAM, Header, Heartbeat, Message, Payload, Reason, SeqWindow, Update,
                    decode, encode)
 

@@ -3,7 +3,7 @@
     members = Membership("n1", transport.peer_addrs, liveness_timeout(0.1, n_peers=4, fanout=2))
     for rx in transport.poll(now):
         members.observe(rx, now)
-    view = members.view(class_id, now)        # agent/allocators/base.py PeerView
+    view = members.view(class_id, now)        # agent/model.py PeerView
     members.status(now)                       # rows for drlctl status
 
 N is fixed by configuration: this node plus one slot per configured peer
@@ -15,7 +15,7 @@ heartbeat, point-to-point message) is a sign of life.
 
 The stale policy is the paper's conservative one (000_efbf5459a9d12355.txt §5.6):
 a peer not heard from for ``timeout_s`` counts with value 0 and is left out of
-``n_alive``, so ``effective_limit`` (base.py) drops the global limit by 1/N for
+``n_alive``, so ``effective_limit`` (agent/model.py) drops the global limit by 1/N for
 it; when it is heard again it counts again.  A restarted peer (higher
 incarnation) starts with no values: only what it publishes in its new life counts.
 """
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .allocators.base import PeerState, PeerView
+from .model import PeerState, PeerView
 from .gossip import Addr, Received, format_addr
 from .wire import Update
 

@@ -33,7 +33,7 @@ from typing import Union
 from google.protobuf.message import DecodeError
 
 from . import drl_pb2
-from .allocators.base import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
+from .model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
 VERSION = 1
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first (an update is 103 B with it)

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernel")]
 
-from agent.allocators.base import Mode  # noqa: E402
+from agent.model import Mode  # noqa: E402
 from agent.datapath import Datapath, default_burst  # noqa: E402
 from netns import Network, run_prefix  # noqa: E402
 

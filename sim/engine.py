@@ -31,10 +31,10 @@ import numpy as np
 
 from agent.allocators import create
 from agent.allocators.graph import Graph
-from agent.allocators.base import Envelope, Mode, Snapshot
 from agent.estimator import Estimator
 from agent.gossip import Cycle
 from agent.membership import liveness_timeout
+from agent.model import Envelope, Mode, Snapshot
 
 from .network import Network
 from .tcp import Enforcement

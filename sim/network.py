@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.allocators.base import Envelope
+from agent.model import Envelope
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
     table = ViewTable(node_ids, interval_s=0.05, stale_ticks=20)
     table.receive(updates, tick)        # a batch from Network.due_updates
     table.expire(tick)                  # peers not heard for stale_ticks go stale
-    view = table.view(i, tick)          # agent.allocators.base.PeerView for node i
+    view = table.view(i, tick)          # agent.model.PeerView for node i
 
 Row i holds node i's knowledge: the last value received from each peer, the
 tick it was heard and its sequence number.  ``remote_sum`` and ``n_alive`` are
@@ -25,7 +25,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from agent.allocators.base import PeerState, PeerView
+from agent.model import PeerState, PeerView
 
 from .network import Updates
 

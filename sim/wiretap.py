@@ -25,7 +25,7 @@ import numpy as np
 
 from agent import wire
 from agent.gossip import new_incarnation
-from agent.allocators.base import Envelope
+from agent.model import Envelope
 
 IP_UDP_BYTES = 28
 CLUSTER = "sim"

@@ -1,12 +1,32 @@
-"""Allocator registry: name -> class, imported on first use.
+"""Allocators: the contract they share, and the registry that builds them by name.
 
     >>> from agent.allocators import create
     >>> alloc = create("grd")
     >>> state = alloc.initial_state("n1", ("n1", "n2"))
 
-Every allocator follows the contract in agent/allocators/base.py.  The agent
-(agent/daemon.py) and the simulator (sim/) both build allocators only through
-``create``, so they always run the same code.
+An allocator is **pure**: ``step(state, snapshot) -> Step`` (the types are in
+agent/model.py).  It never reads a clock, a socket or a BPF map; time,
+measurements, the peer view and the messages received since the last tick all
+arrive in the ``Snapshot``, and everything it wants done comes back in the
+``Step``:
+
+* ``decision``: what the datapath enforces until the next tick (mode, local
+  limit, drop probability, byte allowance) plus ``publish``, the one number
+  gossiped to peers as an Update (a rate for GRD/GTB, a weight for FPS, a
+  performance indicator for GDRL ...);
+* ``outbox``: point-to-point messages (pairwise transfers and their acks,
+  lease requests and grants, quota reports) for the gossip layer to deliver;
+* ``state``: the allocator's next state, handed back on the next call.
+
+Write a new allocator as a frozen dataclass whose fields are its parameters,
+with ``name``, ``initial_state`` and ``step``, and register it in ``_REGISTRY``
+below.  One whose state depends on the members' ids (a graph, lease servers)
+sets ``needs_member_ids = True``: the agent then requires every peer to be
+named (``--peers ID@HOST:PORT``) before it starts.  Units: rates are bytes/s,
+amounts of volume are bytes, times are seconds (see agent/units.py).
+
+The agent (agent/daemon.py) and the simulator (sim/) both build allocators
+only through ``create``, so they always run the same code.
 """
 from __future__ import annotations
 
@@ -15,7 +35,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from .base import Allocator
+from agent.model import Allocator
 
 _REGISTRY = {
     "static": "agent.allocators.static:Static",

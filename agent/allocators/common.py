@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .base import Decision, Mode, PeerState, PeerView, Snapshot, Step
+from agent.model import Decision, Mode, PeerState, PeerView, Snapshot, Step
 
 
 class ParameterError(ValueError):

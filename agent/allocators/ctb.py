@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Snapshot, Step
+from agent.model import Snapshot, Step
 from .common import bucket_step
 
 

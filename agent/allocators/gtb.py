@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import PeerView, Snapshot, Step
+from agent.model import PeerView, Snapshot, Step
 from .common import bucket_step
 
 

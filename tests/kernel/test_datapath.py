@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agent.allocators.base import Mode
+from agent.model import Mode
 from agent.classes import parse_class, parse_classes
 from netns import within
 

@@ -16,8 +16,8 @@ import random
 from collections import defaultdict
 from typing import Any, Callable
 
-from agent.allocators.base import Decision, Envelope, Local, PeerState, Snapshot
 from agent.allocators.common import peer_view
+from agent.model import Decision, Envelope, Local, PeerState, Snapshot
 
 
 class Net:

@@ -6,8 +6,8 @@ import time
 from hypothesis import given, settings, strategies as st
 
 from agent.allocators import create
-from agent.allocators.base import Local, PeerView, Snapshot
 from agent.allocators.dqmp import accountable, from_dict, to_dict
+from agent.model import Local, PeerView, Snapshot
 
 from netharness import Net
 

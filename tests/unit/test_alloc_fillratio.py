@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agent.allocators import create
-from agent.allocators.base import Local
+from agent.model import Local
 
 from netharness import Net, diffusion_accounted
 

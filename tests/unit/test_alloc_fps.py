@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agent.allocators import common, create
-from agent.allocators.base import Local, PeerState, Snapshot
 from agent.allocators.common import ParameterError
 from agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, FpsState
+from agent.model import Local, PeerState, Snapshot
 
 MBIT = 1e6 / 8                     # bytes/s
 L = 10 * MBIT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.allocators import common, create
-from agent.allocators.base import Local, Mode, PeerState, Snapshot
+from agent.model import Local, Mode, PeerState, Snapshot
 
 MBIT = 1e6 / 8
 

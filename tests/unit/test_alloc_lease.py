@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agent.allocators import create
-from agent.allocators.base import Local
 from agent.allocators.common import ParameterError
+from agent.model import Local
 
 from netharness import Net
 

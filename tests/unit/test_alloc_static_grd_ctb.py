@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from agent.allocators import common, create
-from agent.allocators.base import Local, Mode, PeerState, Snapshot
+from agent.model import Local, Mode, PeerState, Snapshot
 
 MBIT = 1e6 / 8   # bytes/s
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from agent.allocators.base import Envelope, Transfer
 from agent.gossip import (AddressError, GossipCore, Peer, Stats, TransportError, UdpTransport, format_addr,
                           parse_hostport, parse_peers)
 from agent.membership import Membership
+from agent.model import Envelope, Transfer
 from agent.wire import MAX_DATAGRAM, Heartbeat, Update
 
 KEY = b"k" * 32

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from agent.allocators.base import Local, Snapshot, Transfer, effective_limit
 from agent.gossip import Received
 from agent.membership import Membership, liveness_timeout
+from agent.model import Local, Snapshot, Transfer, effective_limit
 from agent.wire import Header, Heartbeat, Update
 
 PEERS = [("10.0.0.2", 7000), ("10.0.0.3", 7000), ("10.0.0.4", 7000)]

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from agent import wire
-from agent.allocators.base import Transfer
+from agent.model import Transfer
 from sim.network import Network, Updates
 from sim.views import ViewTable
 from sim.wiretap import IP_UDP_BYTES, KEY, WireTap
@@ -89,7 +89,7 @@ def test_sizes_are_the_agent_encoders():
                     sent_at=2.5, class_id=1)
     want = len(wire.encode(wire.Message(h, wire.Update(123.0)), KEY)) + IP_UDP_BYTES
     assert tap.updates_sent(np.array([300]), np.array([123.0])) == want
-    from agent.allocators.base import Envelope
+    from agent.model import Envelope
     env = Envelope(Transfer(xfer_id=3, amount=10.0, link_total=10.0), dst="n1")
     body = wire.Message(wire.Header(cluster="sim", node="n0", dst="n1", seq=4, incarnation=tap.incarnation,
                                     sent_at=2.5, class_id=1), env.body)

@@ -14,7 +14,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.allocators.base import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
+from agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 from agent.wire import (MAX_DATAGRAM, TAG_BYTES, Header, Heartbeat, KeyFileError, Message, Reason,
                         SeqWindow, Update, decode, encode, load_key)
 

@@ -1,30 +1,20 @@
-"""The allocator contract, shared by the agent (agent/daemon.py) and the simulator (sim/).
+"""The values every layer passes around: measurements, peer views, messages, decisions.
 
-An allocator is **pure**: ``step(state, snapshot) -> Step``.  It never reads a
-clock, a socket or a BPF map; time, measurements, the peer view and the
-messages received since the last tick all arrive in the :class:`Snapshot`, and
-everything it wants done comes back in the :class:`Step`:
-
-* ``decision``: what the datapath enforces until the next tick (mode, local
-  limit, drop probability, byte allowance) plus ``publish``, the one number
-  gossiped to peers as an Update (a rate for GRD/GTB, a weight for FPS, a
-  performance indicator for GDRL ...);
-* ``outbox``: point-to-point messages (pairwise transfers and their acks,
-  lease requests and grants, quota reports) for the gossip layer to deliver;
-* ``state``: the allocator's next state, handed back on the next call.
-
-Write a new allocator as a frozen dataclass whose fields are its parameters,
-with ``name``, ``initial_state`` and ``step``, and register it in
-``agent/allocators/__init__.py``.  One whose state depends on the members'
-ids (a graph, lease servers) sets ``needs_member_ids = True``: the agent then
-requires every peer to be named (``--peers ID@HOST:PORT``) before it starts.  Units: rates are bytes/s, amounts of
-volume are bytes, times are seconds (see agent/units.py).
+The estimator fills a :class:`Local`, membership (or sim/views.py) a
+:class:`PeerView`; an allocator (agent/allocators/, whose contract is documented
+there) turns a :class:`Snapshot` into a :class:`Step`; the daemon writes its
+:class:`Decision` to the datapath and hands its outbox of :class:`Envelope` to
+gossip, whose wire format (agent/wire.py) carries the same bodies.  This module
+imports nothing of the agent but its constants (agent/abi.py), so every layer
+can import it.  Units: rates are bytes/s, volumes bytes, times seconds.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Union
+
+from agent import abi
 
 
 # FPS slow start (000_efbf5459a9d12355.txt end of §3.2.2): 10 full frames a
@@ -34,10 +24,10 @@ SLOW_START_Bps = 10 * 1514
 
 
 class Mode(enum.IntEnum):
-    """What the BPF program does with a class; values mirror MODE_* in bpf/limiter.h."""
-    PASS = 0
-    BUCKET = 1
-    DROP = 2
+    """What the BPF program does with a class (bpf/limiter.c police)."""
+    PASS = abi.MODE_PASS
+    BUCKET = abi.MODE_BUCKET
+    DROP = abi.MODE_DROP
 
 
 @dataclass(frozen=True)
