@@ -1,15 +1,12 @@
 """The metrics of 000_efbf5459a9d12355.txt §4.1, on series sampled every ``dt`` seconds.
 
-    >>> jain_index([1.0, 1.0, 1.0, 0.0])
-    0.75
     >>> within(9.6, 10.0)
     True
 
-Utilization at two timescales (Fig. 4), Jain's fairness index across flows
-(Fig. 5), per-limiter shares, convergence time after a change (Fig. 6, 7, 9),
-and the web table (Table 1).  ``jain_index`` and ``within`` are THE fairness
-index and tolerance rule of the project: tests and experiments import them
-from here.
+Utilization at two timescales (Fig. 4), per-limiter shares, convergence
+time after a change (Fig. 6, 7, 9), and the web table (Table 1).  ``within``
+is THE tolerance rule of the project: tests and experiments import it from
+here (Jain's index, Fig. 5, lives in agent/fairness.py, which sim/ shares).
 """
 from __future__ import annotations
 
@@ -24,15 +21,6 @@ WEB_RANGES = ((0, 5_000), (5_000, 50_000), (50_000, 500_000), (500_000, math.inf
 def within(value: float, target: float, rel: float = TOLERANCE) -> bool:
     """|value - target| <= rel * |target|: the one tolerance rule for bandwidth comparisons."""
     return abs(value - target) <= rel * abs(target)
-
-
-def jain_index(rates: Iterable[float]) -> float:
-    """(sum x)^2 / (k sum x^2), §4.1: 1 when all k flows get the same, 1/k when one gets all."""
-    xs = list(rates)
-    if not xs:
-        raise ValueError("Jain's index of no flows")
-    squares = sum(x * x for x in xs)
-    return 1.0 if squares == 0 else sum(xs) ** 2 / (len(xs) * squares)
 
 
 def window(series: Sequence[float], dt: float, start_s: float, stop_s: float) -> list[float]:

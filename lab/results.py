@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.fairness import jain
 from agent.units import to_bps
 
 from . import metrics
@@ -36,7 +37,7 @@ def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Grou
         "aggregate_bps": to_bps(agg_mean),
         "utilization": agg_mean / exp.global_Bps,
         "utilization_timescales": metrics.utilization(metrics.window(aggregate, DT, lo, hi), DT, exp.global_Bps),
-        "jain_index": metrics.jain_index(bulk) if bulk else None,  # §4.1, across TCP flows
+        "jain_index": jain(bulk) if bulk else None,  # §4.1, across TCP flows
         "limiters": _limiters(exp, flows, per_limiter, agents),
         "flows": [{"label": f.label, "limiter": f.limiter, "kind": f.kind, "mean_bps": to_bps(flow_means[f.label])}
                   for f in flows],

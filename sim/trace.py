@@ -13,17 +13,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from agent.fairness import jain  # noqa: F401  (sim.gdrl_graphs, sim.scale import it from here)
+
 if TYPE_CHECKING:
     from .engine import Setup, Simulation
     from .tcp import Enforcement
-
-
-def jain(x) -> float:
-    """Jain's fairness index (sum x)^2 / (k sum x^2), 000 §4.1 and 003 eq. (16)."""
-    x = np.asarray(x, dtype=float)
-    x = x[~np.isnan(x)]
-    denom = len(x) * np.sum(x * x)
-    return float(np.sum(x) ** 2 / denom) if denom > 0 else 1.0
 
 
 class Trace:

@@ -4,6 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from agent.allocators import create
 from agent.allocators.gdrl import INDICATORS, EtaAboveBoundError
+from agent.fairness import jain
 from agent.model import Local
 
 from netharness import Net, diffusion_accounted
@@ -13,10 +14,6 @@ SCALE = 1e6   # the paper's unit rates as MB/s; capacities are whole B/s
 LAMBDA = [(i + 1) / (N + 1) * SCALE for i in range(N)]           # lambda_i = i/(N+1), 003 §III-A
 CAPACITY = 1.1 * sum(LAMBDA)                                      # C = 1.1 * sum(lambda_i)
 MEMBERS = [f"n{i:02d}" for i in range(N)]
-
-
-def jain(values):
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
 def _paper_net(**net_kw):
