@@ -16,9 +16,9 @@ from typing import Any, Mapping
 from agent.allocators import allocator_class, create
 from agent.allocators.common import ParameterError
 from agent.classes import ClassRule, ClassSpecError, parse_classes
-from agent.gossip import AddressError, HostPort, Peer, parse_hostport, parse_peers
 from agent.membership import liveness_timeout
 from agent.model import Allocator
+from agent.peers import AddressError, HostPort, Peer, parse_hostport, parse_peers
 from agent.wire import KeyFileError, load_key
 
 # The kernel falls back to the safe rate when the agent has not written a

@@ -35,9 +35,10 @@ from agent.config import Config
 from agent.control import ControlError, ControlServer
 from agent.datapath import Counters, Datapath, DatapathError, now_ns
 from agent.estimator import Estimator
-from agent.gossip import TransportError, UdpTransport, new_incarnation
+from agent.gossip import new_incarnation
 from agent.membership import Membership
 from agent.model import Decision, Local, Mode, Snapshot, Step, effective_limit
+from agent.transport import TransportError, UdpTransport
 from agent.units import format_rate, to_bps
 
 log = logging.getLogger("drl.agent")

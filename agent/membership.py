@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .model import PeerState, PeerView
-from .gossip import Addr, Received, format_addr
+from .gossip import Addr, Received
+from .peers import format_addr
 from .wire import Update
 
 

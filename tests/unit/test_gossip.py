@@ -1,5 +1,6 @@
-"""agent/gossip.py: address parsing, the socket-free core (sequencing, loss, branching,
-routing, counters) over an in-memory network, and real UDP on 127.0.0.1."""
+"""Address parsing (agent/peers.py), the socket-free core (agent/gossip.py: sequencing,
+loss, branching, routing, counters) over an in-memory network, and real UDP on
+127.0.0.1 (agent/transport.py)."""
 from __future__ import annotations
 
 import math
@@ -9,10 +10,11 @@ import time
 
 import pytest
 
-from agent.gossip import (AddressError, GossipCore, Peer, Stats, TransportError, UdpTransport, format_addr,
-                          parse_hostport, parse_peers)
+from agent.gossip import GossipCore, Stats
 from agent.membership import Membership
 from agent.model import Envelope, Transfer
+from agent.peers import AddressError, Peer, format_addr, parse_hostport, parse_peers
+from agent.transport import TransportError, UdpTransport
 from agent.wire import MAX_DATAGRAM, Heartbeat, Update
 
 KEY = b"k" * 32

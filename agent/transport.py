@@ -1,0 +1,138 @@
+"""Gossip on a UDP socket: a :class:`GossipCore` (agent/gossip.py) bound to ``--listen``.
+
+The daemon's tick (agent/daemon.py)::
+
+    peers = parse_peers(text)
+    transport = UdpTransport(parse_hostport(listen), [p.addr for p in peers], node_id=..., cluster=...,
+                             key=load_key(path),   # None only with --insecure
+                             fanout=3, incarnation=new_incarnation())
+    members = Membership(node_id, transport.peer_addrs,
+                         liveness_timeout(interval, len(transport.peer_addrs), 3),
+                         names={transport.resolved[p.addr]: p.node_id for p in peers if p.node_id})
+    every interval (now = time.monotonic()):
+        for rx in transport.poll(now):           # validated, de-duplicated, counted
+            members.observe(rx, now)
+            if rx.envelope: inbox[rx.header.class_id].append(rx.envelope)
+        view = members.view(class_id, now)       # -> allocator Snapshot.view
+        transport.publish({class_id: decision.publish, ...}, now)   # {} sends heartbeats
+        for env in step.outbox: transport.send(env, class_id, now)
+    transport.close()
+"""
+from __future__ import annotations
+
+import errno
+import random
+import socket
+from typing import Mapping, Sequence
+
+from .gossip import GossipCore, PeerList, Received, Stats
+from .model import Envelope
+from .peers import HostPort, format_addr
+from .wire import MAX_DATAGRAM, Reason
+
+
+class TransportError(Exception):
+    """The UDP socket cannot be set up (port in use, address not local, name unresolvable)."""
+
+
+def _resolve(host: str, port: int, family: int) -> HostPort:
+    """One (host, port) in ``family``, in the form recvfrom reports it."""
+    flags = socket.AI_V4MAPPED if family == socket.AF_INET6 else 0
+    try:
+        info = socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM, 0, flags)
+    except socket.gaierror as e:
+        raise TransportError(f"cannot resolve {format_addr((host, port))}: {e.strerror}") from None
+    return info[0][4][:2]
+
+
+def _bind(listen: HostPort) -> socket.socket:
+    host, port = listen
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    addr = _resolve(host, port, family)
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)   # IPv4 peers too
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        why = {errno.EADDRINUSE: "port already in use",
+               errno.EADDRNOTAVAIL: "address is not on this host"}.get(e.errno, e.strerror)
+        raise TransportError(f"cannot listen on {format_addr(listen)}: {why}") from None
+    sock.setblocking(False)
+    return sock
+
+
+class UdpTransport:
+    """A GossipCore on a non-blocking UDP socket bound to ``listen``.
+
+    ``poll(now)`` drains the socket and validates at most ``queue_size`` datagrams
+    per call (the rest are dropped and counted as queue_full, so a flood cannot
+    stall the tick).  Send errors are counted, never raised.  ``peer_addrs`` are the
+    resolved peer addresses, in the order given (for Membership); a peer equal to
+    ``listen`` is this node and is left out.  ``resolved`` maps each given peer
+    to its resolved address.
+    """
+
+    def __init__(self, listen: HostPort, peers: Sequence[HostPort], *, node_id: str, cluster: str,
+                 key: bytes | None, fanout: int, incarnation: int, queue_size: int = 1024,
+                 rng: random.Random | None = None) -> None:
+        self.sock = _bind(listen)
+        try:
+            family = self.sock.family
+            self.address: HostPort = self.sock.getsockname()[:2]
+            resolved = [_resolve(h, p, family) for h, p in peers]
+        except TransportError:
+            self.sock.close()
+            raise
+        self.resolved: dict[HostPort, HostPort] = dict(zip(peers, resolved))
+        self.peer_addrs = PeerList(a for a in resolved if a != self.address)
+        self.queue_size = queue_size
+        self.core = GossipCore(node_id, cluster, key, self.peer_addrs, fanout, incarnation, rng,
+                               Stats(overhead_bytes=48 if family == socket.AF_INET6 else 28))
+        self.stats = self.core.stats
+
+    def poll(self, now: float) -> list[Received]:
+        """Everything that arrived since the last poll, validated, in arrival order; never raises."""
+        out = []
+        for n in range(4 * self.queue_size):
+            try:
+                data, src = self.sock.recvfrom(MAX_DATAGRAM + 1)   # +1: oversized shows as such
+            except BlockingIOError:
+                break
+            except OSError:          # e.g. an ICMP error queued on the socket: nothing to read
+                continue
+            if n >= self.queue_size:
+                self.core.reject(Reason.QUEUE_FULL)
+                continue
+            rx = self.core.receive(data, src[:2], now)
+            if rx is not None:
+                out.append(rx)
+        return out
+
+    def publish(self, values: Mapping[int, float], now: float) -> None:
+        """Gossip each class's value (or a heartbeat) to this interval's targets."""
+        for addr, data in self.core.publish(values, now):
+            self._sendto(data, addr)
+
+    def send(self, env: Envelope, class_id: int, now: float) -> bool:
+        """Send one outbox message; False if ``env.dst`` has not been heard from yet."""
+        routed = self.core.route(env, class_id, now)
+        if routed is not None:
+            self._sendto(routed[1], routed[0])
+        return routed is not None
+
+    def _sendto(self, data: bytes, addr: HostPort) -> None:
+        try:
+            self.sock.sendto(data, addr)
+        except OSError:               # full buffer, unreachable net: UDP loss by another name
+            self.stats.send_errors += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "UdpTransport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
