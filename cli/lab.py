@@ -95,7 +95,7 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
 def list_() -> None:
     """List the built-in experiments."""
     from lab.registry import builtin
-    from lab.spec import load
+    from lab.reader import load
 
     for name, path in builtin().items():
         exp = load(path)
@@ -105,7 +105,8 @@ def list_() -> None:
 @main.command()
 def clean() -> None:
     """Remove namespaces, processes and state left by lab runs that died (prefix lb....)."""
-    from lab.netns import clean as clean_leftovers, require_root
+    from lab.netns import clean as clean_leftovers
+    from lab.preflight import require_root
 
     def go():
         require_root()

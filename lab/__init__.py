@@ -4,7 +4,8 @@
     drl-lab run baseline --duration 20 --out results/baseline
     drl-lab run my-topology.toml       # a file of your own, same format
 
-Layers, each usable alone: ``spec`` (the TOML experiment format) ->
+Layers, each usable alone: ``spec`` (the experiment as data) <- ``reader``
+(the TOML format) -> ``preflight`` (what the run needs of this machine) ->
 ``topology`` (names, addresses, routes and the commands that build them; pure)
 -> ``netns`` (execute and tear down) -> ``agents``/``traffic`` (processes in
 the namespaces) -> ``collector`` (samples) -> ``metrics`` -> ``plots``;

@@ -20,19 +20,11 @@ import time
 from pathlib import Path
 
 from .errors import LabError
+from .preflight import require_root
 from .topology import RUN, Plan
 
 STATE_DIR = Path("/run/drl-lab")
 NETNS_DIR = Path("/run/netns")
-TOOLS = ("ip", "tc", "ethtool", "iperf3")
-
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        raise LabError("the lab needs root (network namespaces, tc, BPF): run it with sudo")
-    missing = [t for t in TOOLS if not shutil.which(t)]
-    if missing:
-        raise LabError(f"missing tools: {', '.join(missing)} (apt install iproute2 ethtool iperf3)")
 
 
 def sh(cmd: list[str]) -> str:

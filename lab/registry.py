@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import LabError
-from .spec import Experiment, load
+from .reader import load
+from .spec import Experiment
 
 EXPERIMENTS = Path(__file__).with_name("experiments")
 

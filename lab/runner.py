@@ -21,7 +21,7 @@ from typing import Callable
 from agent.allocators import names as available_allocators
 from agent.units import to_bps
 
-from . import plots
+from . import plots, preflight
 from .agents import StatusPoller, start_agents
 from .collector import DT, SinkMeter
 from .errors import LabError
@@ -41,6 +41,7 @@ def run_experiment(exp: Experiment, out: Path, allocators: list[str] | None = No
     missing = [a for a in allocators if a not in available_allocators()]
     if missing:
         raise LabError(f"allocator(s) not available in this build: {', '.join(missing)}")
+    preflight.check(exp)
     runs = []
     for alloc in allocators:
         for k in range(repeat or exp.repeat):

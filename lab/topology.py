@@ -1,6 +1,6 @@
 """Names, addresses, routes and the commands that build an experiment's network (pure).
 
-    >>> from lab.spec import load
+    >>> from lab.reader import load
     >>> from lab.topology import plan
     >>> p = plan(load("lab/experiments/baseline.toml"), run="lb00aa")
     >>> p.ns("l1"), p.agent_ifaces()["l1"].name, p.address("sink")

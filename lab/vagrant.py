@@ -3,7 +3,7 @@
     python -m lab.vagrant baseline            # print it
     python -m lab.vagrant --write-all         # refresh vagrant/topologies/*.json
 
-The JSON comes from the lab's own parser and planner (lab/spec.py,
+The JSON comes from the lab's own reader and planner (lab/reader.py,
 lab/topology.py, lab/agents.py, lab/traffic.py), so a VM gets exactly the
 addresses, routes, shaping, agent options and traffic commands that the
 namespace lab uses; tests/unit/test_lab_vagrant.py checks the shipped files

@@ -2,7 +2,8 @@
 import pytest
 
 from lab.registry import builtin, resolve
-from lab.spec import SpecError, load, loads
+from lab.preflight import check
+from lab.reader import SpecError, load, loads
 
 GOOD = """\
 [experiment]
@@ -94,17 +95,31 @@ def _bad(replace: str, by: str) -> str:
     ('sw = "router"', 'sw = "switch"', "bad.toml:10: [hosts]: field 'sw': expected one of limiter"),
     ('l1 = "limiter"', 'limiter1 = "limiter"', "[hosts]: field 'limiter1': host names are 1-6 characters"),
     ('global = "10mbit"', 'global = "10mbit"\nrto_min = "1s"', "bad.toml:4: [experiment]: field 'rto_min': must be between"),
-    ('global = "10mbit"', 'global = "10mbit"\ncongestion_control = "fastest"',
-     "bad.toml:4: [experiment]: field 'congestion_control': expected one of"),
 ])
 def test_bad_field_names_line_and_field(replace, by, expect):
     assert expect in _bad(replace, by)
 
 
-def test_delay_is_refused_without_netem(monkeypatch):
-    monkeypatch.setattr("lab.spec.netem_available", lambda: False)
-    msg = _bad('rate = "50mbit"', 'rate = "50mbit"\ndelay = "20ms"')
+def _refused_by_preflight(tmp_path, replace: str, by: str) -> str:
+    """Reading is machine-independent; the run's preflight refuses what this machine lacks."""
+    path = tmp_path / "bad.toml"
+    path.write_text(GOOD.replace(replace, by, 1))
+    exp = load(path)
+    with pytest.raises(SpecError) as err:
+        check(exp)
+    return str(err.value).replace(str(tmp_path) + "/", "")
+
+
+def test_delay_is_refused_without_netem(monkeypatch, tmp_path):
+    monkeypatch.setattr("lab.preflight.netem_available", lambda: False)
+    msg = _refused_by_preflight(tmp_path, 'rate = "50mbit"', 'rate = "50mbit"\ndelay = "20ms"')
     assert "bad.toml:20: [[link]] #3: field 'delay': needs the sch_netem qdisc" in msg
+
+
+def test_unknown_congestion_control_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr("lab.preflight.available_cc", lambda: ["reno", "cubic"])
+    msg = _refused_by_preflight(tmp_path, 'global = "10mbit"', 'global = "10mbit"\ncongestion_control = "fastest"')
+    assert "bad.toml:4: [experiment]: field 'congestion_control': expected one of reno, cubic, got 'fastest'" in msg
 
 
 def test_flow_must_cross_exactly_one_limiter():

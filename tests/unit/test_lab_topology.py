@@ -6,7 +6,7 @@ import pytest
 
 from lab.agents import agent_argv
 from lab.registry import builtin, resolve
-from lab.spec import loads
+from lab.reader import loads
 from lab.topology import IFNAMSIZ, RUN, new_run, plan
 from lab.traffic import place
 
@@ -122,7 +122,7 @@ rate = "1mbit"
 
 def test_long_names_are_refused():
     from lab.errors import LabError
-    from lab.spec import loads
+    from lab.reader import loads
     text = "[experiment]\nduration = 5\nglobal = '1mbit'\nallocators = ['fps']\n[hosts]\nabcdef = 'limiter'\nsink = 'sink'\n" + \
         "".join(f"[[link]]\nends = ['abcdef', 'x{i}']\n" for i in range(100)) + "[[link]]\nends = ['abcdef', 'sink']\n"
     text = text.replace("[hosts]\n", "[hosts]\n" + "".join(f"x{i} = 'router'\n" for i in range(100)))

@@ -1,0 +1,71 @@
+"""What a run needs of this machine, checked before anything is built.
+
+    check(exp)          # drl-lab run: the kernel features the experiment file asks for
+    require_root()      # every Lab, before it builds: root and the tools
+    skip_reason()       # kernel tests: why they cannot run here, or None
+
+Reading a file (lab/reader.py) never looks at the machine, so a file written
+on one host loads on every other; only the run asks whether this kernel has
+the netem qdisc or the congestion control the file names.  Failures keep the
+file:line form of the reader's errors.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .errors import LabError
+from .reader import field_error
+from .spec import Experiment
+
+TOOLS = ("ip", "tc", "ethtool", "iperf3")
+AVAILABLE_CC = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, tc, BPF): run it with sudo")
+    missing = [t for t in TOOLS if not shutil.which(t)]
+    if missing:
+        raise LabError(f"missing tools: {', '.join(missing)} (apt install iproute2 ethtool iperf3)")
+
+
+def skip_reason() -> str | None:
+    """Why kernel tests cannot run on this machine (they also need bcc), or None when they can."""
+    try:
+        require_root()
+        import bcc  # noqa: F401
+    except LabError as e:
+        return str(e)
+    except ImportError:
+        return "needs bcc (apt install python3-bpfcc)"
+    return None
+
+
+def check(exp: Experiment) -> None:
+    """Raise the first thing ``exp`` asks for that this machine lacks (root: Lab checks it)."""
+    if exp.congestion_control:
+        available = available_cc()
+        if available is not None and exp.congestion_control not in available:
+            raise field_error(exp, "[experiment]", "experiment", 0, "congestion_control",
+                              f"expected one of {', '.join(available)}, got {exp.congestion_control!r}")
+    for i, link in enumerate(exp.links):
+        for key, value in (("delay", link.delay_s), ("loss", link.loss_pct)):
+            if value is not None and not netem_available():
+                raise field_error(exp, f"[[link]] #{i + 1}", "link", i, key,
+                                  "needs the sch_netem qdisc, which this kernel does not have; remove the field")
+
+
+def available_cc() -> list[str] | None:
+    """The kernel's TCP congestion controls; None when it does not say."""
+    path = Path(AVAILABLE_CC)
+    return path.read_text().split() if path.exists() else None
+
+
+def netem_available() -> bool:
+    """Whether delay/loss links can be built: sch_netem loaded, or present as a module."""
+    release = Path("/proc/sys/kernel/osrelease").read_text().strip()
+    if Path("/sys/module/sch_netem").exists():
+        return True
+    return any(Path(f"/lib/modules/{release}/kernel/net/sched").glob("sch_netem.ko*"))

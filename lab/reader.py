@@ -1,0 +1,363 @@
+"""Read an experiment file (TOML) into a :class:`~lab.spec.Experiment`, with located errors.
+
+    >>> from lab.reader import load
+    >>> load("lab/experiments/baseline.toml").name
+    'baseline'
+
+A mistake in a file raises :class:`SpecError` with ``file:line: where: field
+'x': what is wrong`` (tomllib's own syntax errors keep their line and
+column).  Reading is pure: it needs no root, builds nothing and does not look
+at the machine (lab/preflight.py does, before a run).
+"""
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+from agent import allocators
+from agent.units import UnitError, parse_duration, parse_rate, parse_size
+
+from .errors import LabError
+from .spec import KINDS, ROLES, Experiment, Link, LinkEvent, Traffic
+
+HOST_NAME = re.compile(r"[a-z][a-z0-9]{0,5}")  # <= 6 chars: interface names are <= 15 (lab/topology.py)
+RESERVED = {"ctl"}  # the control-network namespace
+
+# [agent] / [params.<allocator>] keys -> how to check the value; passed to `drl-agent up --<key>`.
+AGENT_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "interval": parse_duration,
+    "peer_timeout": parse_duration,
+    "burst": parse_size,
+    "ewma": lambda v: _in_range(float(v), 0.0, 1.0, hi_open=True),
+    "flow_ewma": lambda v: _in_range(float(v), 0.0, 1.0, hi_open=True),
+    "sample_probability": lambda v: _in_range(float(v), 0.0, 1.0, lo_open=True),
+    "branching": lambda v: _in_range(int(v), 1, math.inf),
+    "eta": lambda v: _in_range(float(v), 0.0, math.inf, lo_open=True),
+}
+
+
+_REQUIRED = object()  # default of a getter whose field must be present
+
+
+class SpecError(LabError):
+    """A bad experiment file; the message names the file, line and field."""
+
+
+def load(path: str | Path) -> Experiment:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read experiment file {path}: {e.strerror}") from None
+    return loads(text, str(path))
+
+
+def loads(text: str, path: str = "<string>") -> Experiment:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{path}: {e}") from None
+    src = _Source(text, path)
+    top = _Table(src, doc, "top level", None, None)
+    exp_t = top.sub("experiment")
+    name = exp_t.text("name", Path(path).stem)
+    duration = exp_t.positive(exp_t.duration("duration"), "duration")
+    exp = Experiment(
+        name=name,
+        description=exp_t.text("description", ""),
+        global_Bps=exp_t.rate("global"),
+        duration_s=duration,
+        warmup_s=exp_t.duration("warmup", duration / 6),
+        allocators=tuple(exp_t.allocator_list("allocators")),
+        repeat=exp_t.integer("repeat", 1, lo=1),
+        hosts=_hosts(top.sub("hosts")),
+        links=tuple(_link(t) for t in top.array("link")),
+        traffic=tuple(_traffic(t, duration) for t in top.array("traffic")),
+        events=tuple(_event(t, duration) for t in top.array("event")),
+        agent=_agent_options(top.sub("agent", required=False)),
+        params={a: _agent_options(t) for a, t in top.sub("params", required=False).subtables(allocator=True)},
+        rto_min_s=_rto_min(exp_t),
+        congestion_control=_congestion_control(exp_t),
+        path=path,
+    )
+    exp_t.finish()
+    top.finish()
+    _check_graph(exp, src)
+    return exp
+
+
+def _rto_min(t: "_Table") -> float | None:
+    """``rto_min``: ip-route's per-route floor of TCP's retransmission timeout.
+    Linux's 200 ms is a few RTTs on the paper's 40-ms paths but thousands on a
+    veth, where TCP flows sharing one bucket then take turns by timeouts."""
+    value = t.duration("rto_min", None)
+    if value is not None and not 0.001 <= value <= 0.2:
+        raise t.error("rto_min", "must be between 1ms and 200ms (Linux's default)")
+    return value
+
+
+def _congestion_control(t: "_Table") -> str | None:
+    """``congestion_control``: the TCP groups' algorithm (iperf3 -C).  Unset,
+    flows use the machine's default, which differs between machines (bbr on
+    the project's VM, cubic on most); whether this machine has it is
+    lab/preflight.py's question."""
+    return t.text("congestion_control") if "congestion_control" in t.data else None
+
+
+def _hosts(t: "_Table") -> dict[str, str]:
+    hosts = {}
+    for name in list(t.data):
+        role = t.text(name, choices=ROLES)
+        if not HOST_NAME.fullmatch(name) or name in RESERVED:
+            raise t.error(name, "host names are 1-6 characters [a-z0-9] starting with a letter, not 'ctl'")
+        hosts[name] = role
+    if len([r for r in hosts.values() if r == "sink"]) != 1:
+        raise t.error(None, "exactly one host must have role 'sink'")
+    if "limiter" not in hosts.values():
+        raise t.error(None, "at least one host must have role 'limiter'")
+    return hosts
+
+
+def _link(t: "_Table") -> Link:
+    ends = t.names("ends", 2)
+    link = Link(ends[0], ends[1], rate_Bps=t.rate("rate", None),
+                delay_s=t.duration("delay", None), loss_pct=t.percent("loss", None))
+    t.finish()
+    return link
+
+
+def _traffic(t: "_Table", duration: float) -> Traffic:
+    kind = t.text("kind", choices=KINDS)
+    start = t.duration("start", 0.0)
+    stop = t.duration("stop", duration)
+    if not 0 <= start < stop <= duration:
+        raise t.error("stop", f"need 0 <= start < stop <= the experiment's duration ({duration:g} s)")
+    common = dict(kind=kind, src=t.text("from"), start_s=start, stop_s=stop)
+    if kind == "web":
+        mean, cap = t.size("mean_size", 30_000), t.size("max_size", 2_000_000)
+        tr = Traffic(**common, arrivals_per_s=t.number("arrivals", lo=0, lo_open=True),
+                     mean_size=mean, max_size=cap, shape=t.number("shape", 1.2, lo=1, lo_open=True))
+    else:
+        tr = Traffic(**common, flows=t.integer("flows", 1, lo=1),
+                     rate_Bps=t.rate("rate") if kind == "udp" else None)
+    t.finish()
+    return tr
+
+
+def _event(t: "_Table", duration: float) -> LinkEvent:
+    at = t.duration("at")
+    if not 0 <= at < duration:
+        raise t.error("at", f"must lie within the experiment (0 .. {duration:g} s)")
+    ev = LinkEvent(at, tuple(t.names("link", 2)), t.rate("rate"))
+    t.finish()
+    return ev
+
+
+def _agent_options(t: "_Table") -> dict[str, str]:
+    out = {}
+    for key in list(t.data):
+        if key not in AGENT_OPTIONS:
+            raise t.error(key, f"unknown agent option (expected one of {', '.join(AGENT_OPTIONS)})")
+        value = str(t.data.pop(key))
+        try:
+            AGENT_OPTIONS[key](value)
+        except (UnitError, ValueError) as e:
+            raise t.error(key, str(e)) from None
+        out[key] = value
+    return out
+
+
+def _check_graph(exp: Experiment, src: "_Source") -> None:
+    """Links join known hosts; the sink hangs off one link; every flow crosses exactly one limiter."""
+    seen = set()
+    for i, link in enumerate(exp.links):
+        where = _Table(src, {}, f"[[link]] #{i + 1}", "link", i)
+        for end in link.ends:
+            if end not in exp.hosts:
+                raise where.error("ends", f"unknown host {end!r} (hosts: {', '.join(exp.hosts)})")
+        if link.a == link.b or frozenset(link.ends) in seen:
+            raise where.error("ends", "a link joins two different hosts, once")
+        seen.add(frozenset(link.ends))
+    if len(exp.neighbours(exp.sink)) != 1:
+        raise _Table(src, {}, "[hosts]", "hosts", 0).error(
+            exp.sink, "the sink needs exactly one link (the CTB reference limits that link's far end)")
+    for i, tr in enumerate(exp.traffic):
+        where = _Table(src, {}, f"[[traffic]] #{i + 1}", "traffic", i)
+        if exp.hosts.get(tr.src) not in ("limiter", "source"):
+            raise where.error("from", f"{tr.src!r} is not a limiter or source host")
+        crossed = [h for h in exp.route(tr.src, exp.sink) if exp.hosts[h] == "limiter"]
+        if len(crossed) != 1:
+            raise where.error("from", f"the path {tr.src} -> {exp.sink} must cross exactly one limiter, "
+                                      f"it crosses {len(crossed)}")
+    for i, ev in enumerate(exp.events):
+        if frozenset(ev.link) not in seen:
+            raise _Table(src, {}, f"[[event]] #{i + 1}", "event", i).error("link", f"no link joins {ev.link[0]} and {ev.link[1]}")
+
+
+def field_error(exp: Experiment, where: str, table: str, index: int, key: str, msg: str) -> SpecError:
+    """The located error of a field of a loaded experiment (lab/preflight.py's checks), its
+    line found again in the file it came from (none when it came from a string)."""
+    try:
+        text = Path(exp.path).read_text()
+    except OSError:
+        text = ""
+    return _Table(_Source(text, exp.path), {}, where, table, index).error(key, msg)
+
+
+def _in_range(v, lo, hi, lo_open=False, hi_open=False):
+    if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
+        raise ValueError(f"{v} is out of range")
+    return v
+
+
+# -- reading tables with errors that point at the line -------------------------------
+
+class _Source:
+    def __init__(self, text: str, path: str):
+        self.lines = text.splitlines()
+        self.path = path
+
+    def line(self, table: str | None, index: int | None, key: str | None) -> int | None:
+        """Line of ``key`` in the ``index``-th ``[table]``/``[[table]]`` (or of the header itself)."""
+        header = re.compile(rf"^\s*\[\[?\s*{re.escape(table)}(\.[^\]]*)?\s*\]\]?") if table else None
+        count, start = -1, None if table else 0
+        for n, line in enumerate(self.lines, 1):
+            if header and header.match(line) and start is None:
+                count += 1
+                if count == (index or 0):
+                    start = n
+                continue
+            if start is None:
+                continue
+            if re.match(r"^\s*\[", line):
+                break
+            if key and re.match(rf"^\s*\"?{re.escape(key)}\"?\s*=", line):
+                return n
+        return start or None
+
+
+class _Table:
+    """A TOML table being read: typed getters, each failing with a located message."""
+
+    def __init__(self, src: _Source, data: Any, where: str, table: str | None, index: int | None):
+        if not isinstance(data, dict):
+            raise SpecError(f"{src.path}:{src.line(table, index, None) or '?'}: {where} must be a table")
+        self.src, self.data, self.where, self.table, self.index = src, dict(data), where, table, index
+
+    def error(self, key: str | None, msg: str) -> SpecError:
+        line = self.src.line(self.table, self.index, key)
+        loc = f"{self.src.path}:{line}" if line else self.src.path
+        return SpecError(f"{loc}: {self.where}: " + (f"field '{key}': " if key else "") + msg)
+
+    def _get(self, key: str, default: Any) -> Any:
+        if key not in self.data:
+            if default is _REQUIRED:
+                raise self.error(None, f"missing field '{key}'")
+            return default
+        return self.data.pop(key)
+
+    def _parsed(self, key, default, parser):
+        if key not in self.data:
+            return self._get(key, default)
+        value = self.data.pop(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and parser is not parse_rate:
+            value = str(value)  # a bare number is seconds or bytes; a rate always needs its unit
+        if not isinstance(value, str):
+            raise self.error(key, f"expected a string like '10mbit', '50ms' or '75KB', got {value!r}")
+        try:
+            return parser(value)
+        except UnitError as e:
+            raise self.error(key, str(e)) from None
+
+    def text(self, key, default=_REQUIRED, choices=None) -> str:
+        value = self._get(key, default)
+        if not isinstance(value, str) or (choices and value not in choices):
+            want = f"one of {', '.join(choices)}" if choices else "a string"
+            raise self.error(key, f"expected {want}, got {value!r}")
+        return value
+
+    def rate(self, key, default=_REQUIRED):
+        return self._parsed(key, default, parse_rate)
+
+    def duration(self, key, default=_REQUIRED):
+        return self._parsed(key, default, parse_duration)
+
+    def size(self, key, default=_REQUIRED):
+        return self._parsed(key, default, parse_size)
+
+    def percent(self, key, default):
+        value = self._get(key, default)
+        if value is default:
+            return value
+        m = re.fullmatch(r"\s*([0-9.]+)\s*%\s*", str(value))
+        if not m or float(m.group(1)) > 100:
+            raise self.error(key, f"expected a percentage like '1%', got {value!r}")
+        return float(m.group(1))
+
+    def number(self, key, default=_REQUIRED, lo=-math.inf, hi=math.inf, lo_open=False, integer=False):
+        value = self._get(key, default)
+        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok_type:
+            raise self.error(key, f"expected {'an integer' if integer else 'a number'}, got {value!r}")
+        try:
+            return _in_range(value, lo, hi, lo_open=lo_open)
+        except ValueError:
+            raise self.error(key, f"{value} is out of range ({'>' if lo_open else '>='} {lo:g})") from None
+
+    def integer(self, key, default=_REQUIRED, lo=-math.inf):
+        return self.number(key, default, lo=lo, integer=True)
+
+    def names(self, key, count) -> list[str]:
+        value = self._get(key, _REQUIRED)
+        if not (isinstance(value, list) and len(value) == count and all(isinstance(v, str) for v in value)):
+            raise self.error(key, f"expected a list of {count} host names, got {value!r}")
+        return value
+
+    def allocator_list(self, key) -> list[str]:
+        value = self._get(key, _REQUIRED)
+        if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+            raise self.error(key, f"expected a non-empty list of allocator names, got {value!r}")
+        for name in value:
+            check_allocator(name, lambda msg: self.error(key, msg))
+        return value
+
+    def sub(self, key, required=True) -> "_Table":
+        value = self._get(key, _REQUIRED if required else {})
+        return _Table(self.src, value, f"[{key}]", key, 0)
+
+    def array(self, key) -> list["_Table"]:
+        value = self._get(key, [])
+        if not isinstance(value, list):
+            raise self.error(key, f"write [[{key}]] tables")
+        return [_Table(self.src, v, f"[[{key}]] #{i + 1}", key, i) for i, v in enumerate(value)]
+
+    def subtables(self, allocator=False) -> list[tuple[str, "_Table"]]:
+        out = []
+        for name in list(self.data):
+            if allocator:
+                check_allocator(name, lambda msg: self.error(name, msg))
+            out.append((name, _Table(self.src, self.data.pop(name), f"[{self.table}.{name}]", f"{self.table}.{name}", 0)))
+        return out
+
+    def positive(self, value, key):
+        if value <= 0:
+            raise self.error(key, "must be positive")
+        return value
+
+    def finish(self) -> None:
+        if self.data:
+            key = next(iter(self.data))
+            raise self.error(key, "unknown field (docs/lab.md lists the fields)")
+
+
+def check_allocator(name: str, fail: Callable[[str], Exception]) -> None:
+    """Known to the registry (agent/allocators); whether its module exists yet is checked at run time."""
+    try:
+        allocators.allocator_class(name)
+    except ValueError:
+        raise fail(f"unknown allocator {name!r}") from None
+    except ImportError:
+        pass
