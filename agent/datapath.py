@@ -14,7 +14,7 @@ uses the small interface below, which a test double can implement too::
 Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 
 * ``Datapath(iface, classes=(), *, class_ids=None, max_flows=4096, exempt_udp_ports=(),
-  drop_action="stolen", zero_rate_burst=ZERO_RATE_BURST, netns=None)``
+  drop_action="stolen", floor_rate_Bps=FLOOR_RATE_Bps, netns=None)``
   compiles and loads; class i matches ``classes[i]`` (or ``class_ids[i]``:
   several rules may feed one class); no classes = every IP packet is class 0.  UDP to or from an exempt port is never policed.
 * ``attach()`` / ``detach()`` (or ``with``): idempotent; attach replaces our
@@ -46,6 +46,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
 from agent.model import Mode, SLOW_START_Bps
+from agent import abi
 from agent.classes import PROTOCOLS, ClassRule
 
 try:
@@ -54,13 +55,6 @@ except ImportError:  # reported by Datapath() as a DatapathError
     BPF = None
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
-MAX_CLASSES = 64            # MAX_CLASSES in bpf/limiter.h
-MAX_RULES = 32              # MAX_RULES in bpf/limiter.h
-PROB_ONE = 1 << 32          # PROB_ONE in bpf/limiter.h
-UNLIMITED = 2**64 - 1       # UNLIMITED in bpf/limiter.h
-RULE_CLASS, RULE_EXEMPT = 0, 1
-DROP_ACTIONS = {"shot": 2, "stolen": 4}   # TC_ACT_SHOT, TC_ACT_STOLEN
-
 FILTER_PRIO = 0xD1       # our filter's identity at clsact egress: prio + handle + name
 FILTER_HANDLE = 0xD1
 FILTER_NAME = "drl_egress"
@@ -73,7 +67,7 @@ EGRESS_PARENT = "ffff:fff3"
 # Never less than 128 KiB, two 64 KiB GSO skbs.
 BURST_TIME_S = 0.300
 BURST_FLOOR = 128 * 1024
-ZERO_RATE_BURST = SLOW_START_Bps
+FLOOR_RATE_Bps = SLOW_START_Bps   # a bucket never refills slower (FPS slow start)
 
 
 class DatapathError(RuntimeError):
@@ -123,10 +117,10 @@ class Datapath:
 
     def __init__(self, iface: str, classes: Sequence[ClassRule] = (), *, class_ids: Sequence[int] | None = None,
                  max_flows: int = 4096, exempt_udp_ports: Iterable[int] = (), drop_action: str = "stolen",
-                 zero_rate_burst: int = ZERO_RATE_BURST, netns: str | None = None):
+                 floor_rate_Bps: int = FLOOR_RATE_Bps, netns: str | None = None):
         _check_privileges()
-        if drop_action not in DROP_ACTIONS:
-            raise DatapathError(f"drop action {drop_action!r}: use one of {', '.join(DROP_ACTIONS)}")
+        if drop_action not in abi.DROP_ACTIONS:
+            raise DatapathError(f"drop action {drop_action!r}: use one of {', '.join(abi.DROP_ACTIONS)}")
         self.iface = iface
         rules = list(classes) or [ClassRule()]
         if not classes or class_ids is None:
@@ -135,15 +129,15 @@ class Datapath:
         if len(class_ids) != len(rules) or min(class_ids) < 0:
             raise DatapathError("class_ids must give one class id >= 0 per class rule")
         self.n_classes = max(class_ids) + 1
-        self._zero_rate_burst = zero_rate_burst
+        self._floor_rate_Bps = floor_rate_Bps
         self._quota_seq = 0
         self._ipr, self._ifindex = _open_link(iface, netns)
-        self._bpf = _compile(max_flows, DROP_ACTIONS[drop_action])
+        self._bpf = _compile(max_flows, abi.DROP_ACTIONS[drop_action])
         self._fn = self._load()
         self._attached = False
         self._created_clsact = False
-        self._write_rules([(r, RULE_EXEMPT, 0) for p in exempt_udp_ports for r in _exempt_rules(p)]
-                          + [(r, RULE_CLASS, i) for r, i in zip(rules, class_ids)])
+        self._write_rules([(r, abi.RULE_EXEMPT, 0) for p in exempt_udp_ports for r in _exempt_rules(p)]
+                          + [(r, abi.RULE_CLASS, i) for r, i in zip(rules, class_ids)])
         self.set_sample_probability(1.0)
 
     # -- attach / detach ------------------------------------------------------
@@ -216,11 +210,11 @@ class Datapath:
         cfg.mode = int(Mode(mode))
         cfg.rate_Bps = int(rate_Bps)
         cfg.burst_bytes = int(burst_bytes if burst_bytes is not None else default_burst(rate_Bps))
-        cfg.drop_prob = round(drop_probability * PROB_ONE)
-        cfg.safe_rate_Bps = UNLIMITED if safe_rate_Bps is None else int(safe_rate_Bps)
+        cfg.drop_prob = round(drop_probability * abi.PROB_ONE)
+        cfg.safe_rate_Bps = abi.UNLIMITED if safe_rate_Bps is None else int(safe_rate_Bps)
         cfg.safe_burst_bytes = default_burst(safe_rate_Bps or 0)
         cfg.timeout_ns = 0 if not timeout_s else int(timeout_s * 1e9)
-        cfg.zero_rate_burst = self._zero_rate_burst
+        cfg.floor_rate_Bps = self._floor_rate_Bps
         if quota_bytes is not None:
             self._quota_seq = self._quota_seq % (2**32 - 1) + 1   # never 0: 0 means no quota
             cfg.quota_seq, cfg.quota_bytes = self._quota_seq, int(quota_bytes)
@@ -233,7 +227,7 @@ class Datapath:
             raise DatapathError(f"sample probability {p} is not in [0, 1]")
         table = self._bpf[b"settings"]
         s = table[ct.c_int(0)]
-        s.sample_prob = round(p * PROB_ONE)
+        s.sample_prob = round(p * abi.PROB_ONE)
         table[ct.c_int(0)] = s
 
     # -- reading --------------------------------------------------------------
@@ -245,7 +239,7 @@ class Datapath:
 
     def read_bypass(self) -> Counters:
         """Packets no class matched, exempt ones and non-IP (passed_* only)."""
-        return _sum_cpus(self._bpf[b"bypass"][ct.c_int(0)])
+        return _sum_cpus(self._bpf[b"bypass_counters"][ct.c_int(0)])
 
     def read_flows(self) -> list[FlowSample]:
         return [FlowSample(_decode_key(k), v.class_id, v.bytes, v.packets, v.first_ns, v.last_ns)
@@ -303,10 +297,10 @@ class Datapath:
             raise DatapathError(f"class {class_id} does not exist (have 0..{self.n_classes - 1})")
 
     def _write_rules(self, rules: list[tuple[ClassRule, int, int]]) -> None:
-        if len(rules) > MAX_RULES:
-            raise DatapathError(f"{len(rules)} class and exempt rules, at most {MAX_RULES}")
-        if self.n_classes > MAX_CLASSES:
-            raise DatapathError(f"{self.n_classes} classes, at most {MAX_CLASSES}")
+        if len(rules) > abi.MAX_RULES:
+            raise DatapathError(f"{len(rules)} class and exempt rules, at most {abi.MAX_RULES}")
+        if self.n_classes > abi.MAX_CLASSES:
+            raise DatapathError(f"{self.n_classes} classes, at most {abi.MAX_CLASSES}")
         table = self._bpf[b"rules"]
         for i, (rule, action, class_id) in enumerate(rules):
             table[ct.c_int(i)] = _encode_rule(table.Leaf(), rule, action, class_id)
@@ -356,8 +350,7 @@ def _open_link(iface: str, netns: str | None) -> tuple[IPRoute, int]:
 def _compile(max_flows: int, drop_action: int):
     if not 1 <= max_flows <= 1 << 24:
         raise DatapathError(f"max_flows {max_flows} is not in 1..{1 << 24}")
-    cflags = [f"-I{BPF_DIR}", f"-DMAX_FLOWS={max_flows}", f"-DMAX_CLASSES={MAX_CLASSES}",
-              f"-DMAX_RULES={MAX_RULES}", f"-DDROP_ACTION={drop_action}"]
+    cflags = [f"-I{BPF_DIR}", *abi.cflags(MAX_FLOWS=max_flows, DROP_ACTION=drop_action)]
     try:
         return BPF(src_file=str(BPF_DIR / "limiter.c").encode(), cflags=cflags)
     except Exception as e:  # bcc raises bare Exception; clang's messages went to stderr

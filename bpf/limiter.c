@@ -3,7 +3,7 @@
  * Every packet goes classify -> police -> count -> sample, from map state
  * alone: the kernel never waits for Python (design.md).  agent/datapath.py
  * compiles this file with bcc, attaches it at egress, writes `rules`,
- * `settings` and `config`, and reads `counters`, `bypass` and `flows`.
+ * `settings` and `config`, and reads `counters`, `bypass_counters` and `flows`.
  * Layouts of every map value are in limiter.h.
  */
 #include <uapi/linux/bpf.h>
@@ -22,51 +22,62 @@ BPF_ARRAY(rules, struct rule, MAX_RULES);                /* agent writes; classi
 BPF_ARRAY(config, struct class_config, MAX_CLASSES);     /* agent writes; police reads */
 BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locked); agent reads quota */
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
-BPF_PERCPU_ARRAY(bypass, struct counters, 1);            /* count writes; agent sums CPUs */
+BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
 BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* sample writes; agent reads */
 
-/* Fill k from the headers; < 0 for non-IP.  Ports stay 0 for other
- * protocols, IP fragments and IPv6 extension headers (not walked). */
+/* TCP and UDP both start with the two ports.  l4 is where the transport
+ * header would be; ports stay 0 for other protocols and short packets. */
+static __always_inline void parse_ports(struct flow_key *k, struct udphdr *l4, void *end)
+{
+	if ((k->proto == IPPROTO_TCP || k->proto == IPPROTO_UDP) && (void *)(l4 + 1) <= end) {
+		k->sport = bpf_ntohs(l4->source);
+		k->dport = bpf_ntohs(l4->dest);
+	}
+}
+
+/* Fill k from an IPv4 header at ip; < 0 when truncated.  Fragments carry
+ * no ports (the first one does, but the rest of the datagram would not). */
+static __always_inline int parse_ipv4(struct flow_key *k, struct iphdr *ip, void *end)
+{
+	if ((void *)(ip + 1) > end)
+		return -1;
+	k->family = 4;
+	k->proto = ip->protocol;
+	k->src[0] = ip->saddr;
+	k->dst[0] = ip->daddr;
+	if (!(ip->frag_off & bpf_htons(0x3fff)))  /* neither MF nor an offset */
+		parse_ports(k, (void *)ip + ip->ihl * 4, end);
+	return 0;
+}
+
+/* Fill k from an IPv6 header at ip6; < 0 when truncated.  Extension
+ * headers are not walked: behind one, ports stay 0. */
+static __always_inline int parse_ipv6(struct flow_key *k, struct ipv6hdr *ip6, void *end)
+{
+	if ((void *)(ip6 + 1) > end)
+		return -1;
+	k->family = 6;
+	k->proto = ip6->nexthdr;
+	__builtin_memcpy(k->src, &ip6->saddr, 16);
+	__builtin_memcpy(k->dst, &ip6->daddr, 16);
+	parse_ports(k, (void *)(ip6 + 1), end);
+	return 0;
+}
+
+/* Fill k from the headers; < 0 for non-IP (ARP passes untouched). */
 static __always_inline int parse(struct __sk_buff *skb, struct flow_key *k)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
-	struct udphdr *l4;
 
 	if ((void *)(eth + 1) > end)
 		return -1;
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
-
-		if ((void *)(ip + 1) > end)
-			return -1;
-		k->family = 4;
-		k->proto = ip->protocol;
-		k->src[0] = ip->saddr;
-		k->dst[0] = ip->daddr;
-		if (ip->frag_off & bpf_htons(0x3fff))  /* MF or offset: no ports */
-			return 0;
-		l4 = (void *)ip + ip->ihl * 4;
-	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
-
-		if ((void *)(ip6 + 1) > end)
-			return -1;
-		k->family = 6;
-		k->proto = ip6->nexthdr;
-		__builtin_memcpy(k->src, &ip6->saddr, 16);
-		__builtin_memcpy(k->dst, &ip6->daddr, 16);
-		l4 = (void *)(ip6 + 1);
-	} else {
-		return -1;
-	}
-	/* TCP and UDP both start with the two ports. */
-	if ((k->proto == IPPROTO_TCP || k->proto == IPPROTO_UDP) && (void *)l4 + 4 <= end) {
-		k->sport = bpf_ntohs(l4->source);
-		k->dport = bpf_ntohs(l4->dest);
-	}
-	return 0;
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		return parse_ipv4(k, (void *)(eth + 1), end);
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return parse_ipv6(k, (void *)(eth + 1), end);
+	return -1;
 }
 
 static __always_inline int addr_in(const __u32 *a, const __u32 *net, const __u32 *mask)
@@ -153,50 +164,70 @@ static __always_inline int take_quota(struct bucket *b, const struct class_confi
 	return 1;
 }
 
+/* What applies to a class right now: its config, or the fail-safe when
+ * the agent went silent, with the slow-start floor under a bucket's rate. */
+struct policy {
+	__u64 rate;
+	__u64 burst;
+	__u32 mode;
+};
+
+static __always_inline struct policy policy_of(const struct class_config *c, __u64 now)
+{
+	struct policy p = { .rate = c->rate_Bps, .burst = c->burst_bytes, .mode = c->mode };
+
+	/* Fail-safe: the agent stopped refreshing the config, so its decision is
+	 * stale; enforce the safe rate by ourselves (the lease of
+	 * 002_0c321af71fa102a7.txt, "safe" policy). */
+	if (c->timeout_ns && now > c->updated_ns + c->timeout_ns) {
+		p.mode = c->safe_rate_Bps == UNLIMITED ? MODE_PASS : MODE_BUCKET;
+		p.rate = c->safe_rate_Bps;
+		p.burst = c->safe_burst_bytes;
+	}
+	/* FPS slow start: a bucket slower than floor_rate_Bps (0 included)
+	 * still lets that many bytes per second through, so a new flow's SYN and
+	 * first packets get out (000_efbf5459a9d12355.txt end of §3.2.2), and
+	 * so does a starved flow's retransmission: at a few bytes per second
+	 * every retransmission would be dropped and TCP would back off for good. */
+	if (p.mode == MODE_BUCKET && p.rate < c->floor_rate_Bps) {
+		p.rate = c->floor_rate_Bps;
+		p.burst = c->floor_rate_Bps;
+	}
+	return p;
+}
+
+/* Take len bytes from the class's bucket and quota under its lock; 1 = pass. */
+static __always_inline int take(struct bucket *b, const struct class_config *c, const struct policy *p,
+				__u64 len, __u64 now)
+{
+	int ok = 1;
+
+	bpf_spin_lock(&b->lock);
+	if (p->mode == MODE_BUCKET)
+		ok = take_tokens(b, p->rate, p->burst, len, now);
+	if (ok)
+		ok = take_quota(b, c, len);
+	bpf_spin_unlock(&b->lock);
+	return ok;
+}
+
 /* 1 to pass the packet, 0 to drop it. */
 static __always_inline int police(__u32 class_id, __u64 len, __u64 now)
 {
 	struct class_config *c = config.lookup(&class_id);
 	struct bucket *b = buckets.lookup(&class_id);
-	__u64 rate, burst;
-	__u32 mode;
-	int ok = 1;
+	struct policy p;
 
 	if (!c || !b)
 		return 1;
-	mode = c->mode;
-	rate = c->rate_Bps;
-	burst = c->burst_bytes;
-	/* Fail-safe: the agent stopped refreshing the config, so its decision is
-	 * stale; enforce the safe rate by ourselves (the lease of
-	 * 002_0c321af71fa102a7.txt, "safe" policy). */
-	if (c->timeout_ns && now > c->updated_ns + c->timeout_ns) {
-		mode = c->safe_rate_Bps == UNLIMITED ? MODE_PASS : MODE_BUCKET;
-		rate = c->safe_rate_Bps;
-		burst = c->safe_burst_bytes;
-	}
+	p = policy_of(c, now);
 	/* GRD: drop with the probability the allocator computed
 	 * (000_efbf5459a9d12355.txt Fig. 1, lines 4-6). */
-	if (mode == MODE_DROP && (__u64)bpf_get_prandom_u32() < c->drop_prob)
+	if (p.mode == MODE_DROP && (__u64)bpf_get_prandom_u32() < c->drop_prob)
 		return 0;
-	/* FPS slow start: a bucket slower than zero_rate_burst bytes per second
-	 * (0 included) still lets that many through, so a new flow's SYN and
-	 * first packets get out (000_efbf5459a9d12355.txt end of §3.2.2), and
-	 * so does a starved flow's retransmission: at a few bytes per second
-	 * every retransmission would be dropped and TCP would back off for good. */
-	if (mode == MODE_BUCKET && rate < c->zero_rate_burst) {
-		rate = c->zero_rate_burst;
-		burst = c->zero_rate_burst;
-	}
-	if (mode != MODE_BUCKET && !c->quota_seq)
-		return 1;
-	bpf_spin_lock(&b->lock);
-	if (mode == MODE_BUCKET)
-		ok = take_tokens(b, rate, burst, len, now);
-	if (ok)
-		ok = take_quota(b, c, len);
-	bpf_spin_unlock(&b->lock);
-	return ok;
+	if (p.mode != MODE_BUCKET && !c->quota_seq)
+		return 1;  /* nothing to take: skip the lock */
+	return take(b, c, &p, len, now);
 }
 
 static __always_inline void count(struct counters *ctr, __u64 len, int passed)
@@ -210,6 +241,15 @@ static __always_inline void count(struct counters *ctr, __u64 len, int passed)
 		ctr->dropped_bytes += len;
 		ctr->dropped_packets++;
 	}
+}
+
+/* Not ours to police (non-IP, no class, exempt): count it and let it go. */
+static __always_inline int bypass(__u64 len)
+{
+	__u32 zero = 0;
+
+	count(bypass_counters.lookup(&zero), len, 1);
+	return TC_ACT_OK;
 }
 
 /* FPS-HANDLE-PACKET line 1 (000_efbf5459a9d12355.txt Fig. 2): a new flow
@@ -237,7 +277,8 @@ static __always_inline void sample_flow(const struct settings *s, struct flow_ke
 	flows.insert(k, &fresh);  /* NOEXIST: a racing CPU's entry wins */
 }
 
-/* Attached at tc egress (clsact, direct-action) by agent/datapath.py. */
+/* Attached at tc egress (clsact, direct-action) by agent/datapath.py:
+ * parse -> classify -> police -> count -> sample. */
 int drl_egress(struct __sk_buff *skb)
 {
 	struct flow_key key = {};
@@ -247,11 +288,13 @@ int drl_egress(struct __sk_buff *skb)
 	struct rule *r;
 	int passed;
 
-	if (!s || parse(skb, &key) < 0 || !(r = classify(s, &key, skb->mark)) ||
-	    r->action == RULE_EXEMPT) {
-		count(bypass.lookup(&zero), len, 1);
+	if (!s)
 		return TC_ACT_OK;
-	}
+	if (parse(skb, &key) < 0)
+		return bypass(len);
+	r = classify(s, &key, skb->mark);
+	if (!r || r->action == RULE_EXEMPT)
+		return bypass(len);
 	class_id = r->class_id;
 	now = bpf_ktime_get_ns();
 	passed = police(class_id, len, now);

@@ -9,37 +9,45 @@
 
 #include <linux/types.h>
 
-/* Load-time sizes: agent/datapath.py passes -DMAX_FLOWS=... (cflags). */
+/* Every constant below comes from agent/abi.py, the one source for both
+ * sides: agent/datapath.py passes them as -D flags (abi.cflags()).  The
+ * guards make a compile without them fail loudly instead of drifting. */
 #ifndef MAX_FLOWS
-#define MAX_FLOWS 4096
+#error "MAX_FLOWS comes from agent/abi.py"
 #endif
 #ifndef MAX_CLASSES
-#define MAX_CLASSES 64
+#error "MAX_CLASSES comes from agent/abi.py"
 #endif
 #ifndef MAX_RULES
-#define MAX_RULES 32
+#error "MAX_RULES comes from agent/abi.py"
 #endif
-/* What a policed packet gets: TC_ACT_STOLEN (4) by default, TC_ACT_SHOT (2)
- * on request.  SHOT returns NET_XMIT_DROP to the local TCP stack, which
- * enters CWR on every drop; STOLEN looks like a loss on the wire.  Measured
- * in bench/README.md ("drop action"). */
+/* What a policed packet gets: TC_ACT_STOLEN by default, TC_ACT_SHOT on
+ * request.  SHOT returns NET_XMIT_DROP to the local TCP stack, which enters
+ * CWR on every drop; STOLEN looks like a loss on the wire.  Measured in
+ * bench/README.md ("drop action"). */
 #ifndef DROP_ACTION
-#define DROP_ACTION 4
+#error "DROP_ACTION comes from agent/abi.py"
 #endif
-
-/* Mode of a class; mirrors agent/allocators/base.py Mode. */
-#define MODE_PASS   0   /* count only */
-#define MODE_BUCKET 1   /* token bucket at rate_Bps (GTB/FPS, 000_efbf5459a9d12355.txt §3.2) */
-#define MODE_DROP   2   /* random drop with drop_prob (GRD, 000_efbf5459a9d12355.txt Fig. 1) */
-
-/* Probabilities are fixed point out of 2^32: a packet is chosen when
- * bpf_get_prandom_u32() < p, so p = 2^32 means always and 0 never. */
-#define PROB_ONE (1ULL << 32)
-#define UNLIMITED (~0ULL)  /* safe_rate_Bps: no fail-safe limit */
-
-/* What a matching rule does. */
-#define RULE_CLASS  0   /* the packet belongs to class_id */
-#define RULE_EXEMPT 1   /* never policed (the agents' own gossip) */
+/* Probabilities are fixed point out of PROB_ONE = 2^32: a packet is chosen
+ * when bpf_get_prandom_u32() < p, so p = PROB_ONE means always and 0 never.
+ * UNLIMITED as safe_rate_Bps: no fail-safe limit. */
+#ifndef PROB_ONE
+#error "PROB_ONE comes from agent/abi.py"
+#endif
+#ifndef UNLIMITED
+#error "UNLIMITED comes from agent/abi.py"
+#endif
+/* Mode of a class (agent/model.py Mode): MODE_PASS counts only, MODE_BUCKET
+ * is a token bucket at rate_Bps (GTB/FPS, 000_efbf5459a9d12355.txt §3.2),
+ * MODE_DROP drops at random with drop_prob (GRD, same paper, Fig. 1). */
+#if !defined(MODE_PASS) || !defined(MODE_BUCKET) || !defined(MODE_DROP)
+#error "MODE_* come from agent/abi.py"
+#endif
+/* What a matching rule does: RULE_CLASS puts the packet in class_id,
+ * RULE_EXEMPT never polices it (the agents' own gossip). */
+#if !defined(RULE_CLASS) || !defined(RULE_EXEMPT)
+#error "RULE_* come from agent/abi.py"
+#endif
 
 /* rules[i], i < settings.n_rules, checked in order; the first match wins.
  * Written by agent/datapath.py (_write_rules) from agent/classes.py ClassRule.
@@ -80,7 +88,7 @@ struct class_config {
 	__u64 timeout_ns;          /* 0 = never; after updated_ns + timeout_ns the safe rate applies */
 	__u64 safe_rate_Bps;       /* fail-safe bucket rate when the agent is silent; UNLIMITED = pass */
 	__u64 safe_burst_bytes;
-	__u64 zero_rate_burst;     /* floor of a bucket's rate, bytes/s (FPS slow start, limiter.c police) */
+	__u64 floor_rate_Bps;      /* a bucket never refills slower: FPS slow start (limiter.c policy_of) */
 	__u64 quota_bytes;         /* byte allowance, loaded when quota_seq changes */
 	__u32 quota_seq;           /* 0 = no quota; agent/datapath.py bumps it on every new allowance */
 	__u32 mode;                /* MODE_* */
@@ -97,10 +105,10 @@ struct bucket {
 	__u64 quota_left;          /* bytes the class may still pass (when config.quota_seq != 0) */
 };
 
-/* counters[class_id] (per CPU) and bypass[0] (per CPU; unmatched or exempt
+/* counters[class_id] (per CPU) and bypass_counters[0] (per CPU; unmatched or exempt
  * packets, dropped_* stay 0).  Written by the program; agent/datapath.py
  * sums the CPUs (read_counters, read_bypass).  Bytes are what the limit
- * counts: see police_len() in limiter.c. */
+ * counts: see wire_bytes() in limiter.c. */
 struct counters {
 	__u64 passed_bytes;
 	__u64 passed_packets;

@@ -154,7 +154,7 @@ def test_stale_config_falls_back_to_the_safe_rate(net, server, datapath):
 
 
 def test_zero_rate_still_lets_a_small_burst_through(net, server, datapath):
-    dp = datapath(classes=parse_classes(["proto=udp"]), zero_rate_burst=15_000)
+    dp = datapath(classes=parse_classes(["proto=udp"]), floor_rate_Bps=15_000)
     dp.set_class(0, Mode.BUCKET, rate_Bps=0)
     client = net.hosts[0].iperf3_start(server, seconds=2, udp_bps=5e6, length=1000)
     client.proc.wait()

@@ -1,0 +1,40 @@
+"""Constants shared by bpf/limiter.c and Python: their one source.
+
+agent/datapath.py passes every name in :func:`cflags` to the compiler as a
+``-D`` flag; bpf/limiter.h refuses to compile without them, so the C side can
+never disagree with what Python writes into the maps.
+"""
+from __future__ import annotations
+
+# Map sizes (defaults; MAX_FLOWS and MAX_CLASSES are load-time choices of the agent).
+MAX_FLOWS = 4096
+MAX_CLASSES = 64
+MAX_RULES = 32
+
+# Fixed-point probabilities: a packet is chosen when bpf_get_prandom_u32() < p.
+PROB_ONE = 1 << 32
+# safe_rate_Bps meaning "no fail-safe limit".
+UNLIMITED = 2**64 - 1
+
+# What a matching rule does.
+RULE_CLASS = 0
+RULE_EXEMPT = 1
+
+# Class modes (agent/model.py Mode).
+MODE_PASS = 0
+MODE_BUCKET = 1
+MODE_DROP = 2
+
+# tc actions for a policed packet.
+DROP_ACTIONS = {"shot": 2, "stolen": 4}   # TC_ACT_SHOT, TC_ACT_STOLEN
+
+
+def cflags(**sizes: int) -> list[str]:
+    """``-DNAME=value`` for every shared constant; ``sizes`` overrides the map sizes
+    (e.g. ``MAX_FLOWS=65536``) and adds load-time choices such as ``DROP_ACTION``."""
+    values = {"MAX_FLOWS": MAX_FLOWS, "MAX_CLASSES": MAX_CLASSES, "MAX_RULES": MAX_RULES,
+              "PROB_ONE": f"{PROB_ONE}ULL", "UNLIMITED": f"{UNLIMITED}ULL",
+              "RULE_CLASS": RULE_CLASS, "RULE_EXEMPT": RULE_EXEMPT,
+              "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP}
+    values.update(sizes)
+    return [f"-D{name}={value}" for name, value in values.items()]
