@@ -94,7 +94,7 @@ class Agent:
         self.control = ControlServer(cfg.socket_path)
         self._stack.callback(self.control.close)
         self.transport = UdpTransport(cfg.listen, [p.addr for p in cfg.peers], node_id=cfg.node_id, cluster=CLUSTER,
-                                      key=cfg.key, fanout=cfg.branching, incarnation=new_incarnation())
+                                      key=cfg.key, branching=cfg.branching, incarnation=new_incarnation())
         self._stack.callback(self.transport.close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
         self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names)

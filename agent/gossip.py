@@ -5,13 +5,13 @@ The daemon drives it through agent/transport.py (a UDP socket around a
 
 Design (000_efbf5459a9d12355.txt §3.1, §4.2):
 
-* Each interval ``publish`` sends every class's value to ``fanout`` peers (the
-  paper's branching factor; fanout >= peers is a full mesh).  Targets follow a
+* Each interval ``publish`` sends every class's value to ``branching`` peers (the
+  paper's branching factor; branching >= peers is a full mesh).  Targets follow a
   random permutation of the peers, renewed every cycle (SWIM-style shuffled round
   robin) rather than independent draws: still random, but every peer hears from
-  us at least once every 2*ceil(peers/fanout) intervals, which is what lets
+  us at least once every 2*ceil(peers/branching) intervals, which is what lets
   membership time a silent peer out (membership.liveness_timeout).
-* Sequence numbers run per (sender incarnation, receiver): with fanout < peers a
+* Sequence numbers run per (sender incarnation, receiver): with branching < peers a
   per-sender counter would show a gap whenever the sender picked someone else,
   so only a per-link counter makes gaps mean loss.  The header names the receiver
   (``dst``) once the sender has learned its node id, so a datagram captured on one
@@ -162,13 +162,13 @@ class GossipCore:
     """
 
     def __init__(self, node_id: str, cluster: str, key: bytes | None, peers: Sequence[Addr],
-                 fanout: int, incarnation: int, rng: random.Random | None = None,
+                 branching: int, incarnation: int, rng: random.Random | None = None,
                  stats: Stats | None = None) -> None:
-        if fanout < 1:
-            raise ValueError(f"gossip fanout must be >= 1, got {fanout}")
+        if branching < 1:
+            raise ValueError(f"gossip branching must be >= 1, got {branching}")
         self.node_id, self.cluster, self.key = node_id, cluster, key
         self.peers = peers
-        self.fanout, self.incarnation = fanout, incarnation
+        self.branching, self.incarnation = branching, incarnation
         self.stats = stats or Stats()
         self._cycle = Cycle(len(self.peers), rng or random.Random())
         self._seq: dict[Addr, int] = {}                          # next seq per receiver
@@ -177,10 +177,10 @@ class GossipCore:
         self._node_at: dict[Addr, str] = {}                      # learned: address -> node id
 
     def targets(self) -> list[Addr]:
-        """This interval's gossip targets: all peers if fanout covers them, else the next fanout."""
-        if self.fanout >= len(self.peers):
+        """This interval's targets: every peer if ``branching`` covers them, else the next ``branching``."""
+        if self.branching >= len(self.peers):
             return list(self.peers)
-        return [self.peers[i] for i in self._cycle.take(self.fanout)]
+        return [self.peers[i] for i in self._cycle.take(self.branching)]
 
     def publish(self, values: Mapping[int, float], now: float) -> list[tuple[Addr, bytes]]:
         """One Update per class to each target; a Heartbeat each when ``values`` is empty."""

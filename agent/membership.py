@@ -1,6 +1,6 @@
 """Who is alive, what each peer last published, and the PeerView the allocators see.
 
-    members = Membership("n1", transport.peer_addrs, liveness_timeout(0.1, n_peers=4, fanout=2))
+    members = Membership("n1", transport.peer_addrs, liveness_timeout(0.1, n_peers=4, branching=2))
     for rx in transport.poll(now):
         members.observe(rx, now)
     view = members.view(class_id, now)        # agent/model.py PeerView
@@ -31,11 +31,11 @@ from .peers import format_addr
 from .wire import Update
 
 
-def liveness_timeout(interval_s: float, n_peers: int, fanout: int, misses: int = 3) -> float:
-    """Silence after which a peer is stale: ``misses`` gossip cycles of ceil(n_peers/fanout)
+def liveness_timeout(interval_s: float, n_peers: int, branching: int, misses: int = 3) -> float:
+    """Silence after which a peer is stale: ``misses`` gossip cycles of ceil(n_peers/branching)
     intervals.  A peer reaches us at least once per 2 cycles (gossip.py shuffled round
     robin), so the default survives a lost update; a full mesh times out after 3 intervals."""
-    return interval_s * misses * max(1, math.ceil(n_peers / max(1, fanout)))
+    return interval_s * misses * max(1, math.ceil(n_peers / max(1, branching)))
 
 
 @dataclass

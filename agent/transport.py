@@ -5,7 +5,7 @@ The daemon's tick (agent/daemon.py)::
     peers = parse_peers(text)
     transport = UdpTransport(parse_hostport(listen), [p.addr for p in peers], node_id=..., cluster=...,
                              key=load_key(path),   # None only with --insecure
-                             fanout=3, incarnation=new_incarnation())
+                             branching=3, incarnation=new_incarnation())
     members = Membership(node_id, transport.peer_addrs,
                          liveness_timeout(interval, len(transport.peer_addrs), 3),
                          names={transport.resolved[p.addr]: p.node_id for p in peers if p.node_id})
@@ -75,7 +75,7 @@ class UdpTransport:
     """
 
     def __init__(self, listen: HostPort, peers: Sequence[HostPort], *, node_id: str, cluster: str,
-                 key: bytes | None, fanout: int, incarnation: int, queue_size: int = 1024,
+                 key: bytes | None, branching: int, incarnation: int, queue_size: int = 1024,
                  rng: random.Random | None = None) -> None:
         self.sock = _bind(listen)
         try:
@@ -88,7 +88,7 @@ class UdpTransport:
         self.resolved: dict[HostPort, HostPort] = dict(zip(peers, resolved))
         self.peer_addrs = PeerList(a for a in resolved if a != self.address)
         self.queue_size = queue_size
-        self.core = GossipCore(node_id, cluster, key, self.peer_addrs, fanout, incarnation, rng,
+        self.core = GossipCore(node_id, cluster, key, self.peer_addrs, branching, incarnation, rng,
                                Stats(overhead_bytes=48 if family == socket.AF_INET6 else 28))
         self.stats = self.core.stats
 

@@ -60,7 +60,7 @@ class Setup:
     global_Bps: float
     params: dict = field(default_factory=dict)     # allocator parameters, as for create()
     interval_s: float = 0.05                        # 000 §5.1: 50 ms estimate interval
-    branching: int = 3                              # gossip fan-out per interval (000 §5.6)
+    branching: int = 3                              # peers gossiped to per interval (000 §5.6)
     graph: Graph | None = None                      # gossip only along its edges (GDRL, DQMP)
     loss: float = 0.0
     delay_s: float = 0.02                           # one way; 000 §5.6: 40 ms inter-limiter RTT
@@ -82,7 +82,7 @@ class Setup:
         adj = self.graph.adjacency(ids)
         return [[index[m] for m in adj[nid]] for nid in ids]
 
-    def fanout(self) -> int:
+    def effective_branching(self) -> int:
         return min(self.branching, self.n_nodes - 1)
 
     def stale_ticks(self) -> int:
@@ -92,9 +92,9 @@ class Setup:
         if self.stale_s is not None:
             timeout = self.stale_s
         elif self.graph is not None:
-            timeout = liveness_timeout(self.interval_s, n_peers=1, fanout=1)
+            timeout = liveness_timeout(self.interval_s, n_peers=1, branching=1)
         else:
-            timeout = liveness_timeout(self.interval_s, self.n_nodes - 1, self.fanout())
+            timeout = liveness_timeout(self.interval_s, self.n_nodes - 1, self.effective_branching())
         return int(timeout / self.interval_s + 1e-9) + 1
 
 
@@ -216,15 +216,15 @@ class Simulation:
             self.net.send_envelope(i, dst, Envelope(env.body, dst=env.dst, src=self.ids[i]), seq, k)
 
     def _targets(self, senders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(src, dst) of this tick's Updates: every graph neighbour, or ``fanout``
+        """(src, dst) of this tick's Updates: every graph neighbour, or ``branching``
         peers chosen by each node's gossip cycle (agent.gossip.GossipCore.targets)."""
         n = self.setup.n_nodes
         if self.neighbours is not None:
             dst = [np.asarray(self.neighbours[i], dtype=np.int64) for i in senders]
-        elif self.setup.fanout() >= n - 1:
+        elif self.setup.effective_branching() >= n - 1:
             dst = [np.delete(np.arange(n), i) for i in senders]
         else:
-            k = self.setup.fanout()
+            k = self.setup.effective_branching()
             dst = [(i + 1 + np.array(self.cycles[i].take(k))) % n for i in senders]
         if not dst:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)

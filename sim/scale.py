@@ -62,7 +62,7 @@ def measure(allocator: str, n: int, branching: int, flow_nodes: np.ndarray, opts
     setup = Setup(allocator=allocator, n_nodes=n_sim, global_Bps=GLOBAL_Bps, interval_s=INTERVAL_S,
                   branching=branching, loss=LOSS, delay_s=RTT_S / 2, seed=opts.seed)
     sim = Simulation(setup, tcp)
-    warm = math.ceil((n_sim - 1) / max(1, setup.fanout())) + round(SETTLE_S / INTERVAL_S)
+    warm = math.ceil((n_sim - 1) / max(1, setup.effective_branching())) + round(SETTLE_S / INTERVAL_S)
     label = f"{allocator} N={n} br={branching}"
     sim.run(warm, progress=opts.progress.task(label + " warm-up"))
     before = tcp.flow_bytes.copy()

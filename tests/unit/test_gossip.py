@@ -65,13 +65,13 @@ def test_parse_peers():
 class Net:
     """Cores addressed "a", "b", ... with node ids "A", "B", ...; delivery is explicit."""
 
-    def __init__(self, n: int, fanout: int = 10, key: bytes | None = KEY):
+    def __init__(self, n: int, branching: int = 10, key: bytes | None = KEY):
         self.addrs = [chr(ord("a") + i) for i in range(n)]
-        self.cores = {a: self.core(a, fanout, key) for a in self.addrs}
+        self.cores = {a: self.core(a, branching, key) for a in self.addrs}
 
-    def core(self, addr, fanout=10, key=KEY, incarnation=1):
+    def core(self, addr, branching=10, key=KEY, incarnation=1):
         others = [p for p in self.addrs if p != addr]
-        return GossipCore(addr.upper(), "c", key, others, fanout, incarnation, random.Random(addr))
+        return GossipCore(addr.upper(), "c", key, others, branching, incarnation, random.Random(addr))
 
     def deliver(self, src, sent, now=0.0):
         return [rx for dst, data in sent
@@ -161,25 +161,25 @@ def test_point_to_point_routing():
     assert rx.envelope == Envelope(Transfer(3, 2.5, 7.5), src="A")
 
 
-@pytest.mark.parametrize("n_peers,fanout", [(1, 1), (7, 1), (10, 3), (12, 4), (9, 8), (490, 3)])
-def test_branching_picks_distinct_targets_and_serves_everyone_each_cycle(n_peers, fanout):
-    core = GossipCore("X", "c", None, list(range(n_peers)), fanout, 1, random.Random(1))
-    rounds = math.ceil(n_peers / fanout)
+@pytest.mark.parametrize("n_peers,branching", [(1, 1), (7, 1), (10, 3), (12, 4), (9, 8), (490, 3)])
+def test_branching_picks_distinct_targets_and_serves_everyone_each_cycle(n_peers, branching):
+    core = GossipCore("X", "c", None, list(range(n_peers)), branching, 1, random.Random(1))
+    rounds = math.ceil(n_peers / branching)
     last = {p: -1 for p in range(n_peers)}
     worst = 0
     for t in range(20 * rounds):
         targets = core.targets()
-        assert len(targets) == min(fanout, n_peers) == len(set(targets))
+        assert len(targets) == min(branching, n_peers) == len(set(targets))
         for p in targets:
             worst = max(worst, t - last[p])
             last[p] = t
     assert worst <= 2 * rounds     # the bound membership.liveness_timeout relies on
 
 
-def test_fanout_at_least_peers_is_a_mesh():
+def test_branching_at_least_peers_is_a_mesh():
     core = GossipCore("X", "c", None, ["p", "q", "r"], 5, 1)
     assert [core.targets() for _ in range(3)] == [["p", "q", "r"]] * 3
-    with pytest.raises(ValueError, match="fanout must be >= 1"):
+    with pytest.raises(ValueError, match="branching must be >= 1"):
         GossipCore("X", "c", None, ["p"], 0, 1)
 
 
@@ -218,7 +218,7 @@ def free_ports(n):
 
 def udp(node, port, peers, key=KEY, **kw):
     return UdpTransport(("127.0.0.1", port), [("127.0.0.1", p) for p in peers], node_id=node,
-                        cluster="c", key=key, fanout=kw.pop("fanout", 3), incarnation=1, **kw)
+                        cluster="c", key=key, branching=kw.pop("branching", 3), incarnation=1, **kw)
 
 
 def poll_until(transport, now, want, tries=100):
@@ -273,11 +273,11 @@ def test_udp_bind_errors_are_one_line():
         with pytest.raises(TransportError, match=f"cannot listen on 127.0.0.1:{port}: port already in use"):
             udp("B", port, [])
     with pytest.raises(TransportError, match="address is not on this host"):
-        UdpTransport(("192.0.2.1", 7000), [], node_id="A", cluster="c", key=None, fanout=1,
+        UdpTransport(("192.0.2.1", 7000), [], node_id="A", cluster="c", key=None, branching=1,
                      incarnation=1)
     with pytest.raises(TransportError, match="cannot resolve no-such-host.invalid:7000"):
         UdpTransport(("127.0.0.1", 0), [("no-such-host.invalid", 7000)], node_id="A",
-                     cluster="c", key=None, fanout=1, incarnation=1)
+                     cluster="c", key=None, branching=1, incarnation=1)
 
 
 def test_udp_peer_list_may_name_this_node():
@@ -295,10 +295,10 @@ def test_udp_ipv6_loopback():
     except OSError:
         pytest.skip("no ::1 on this host")
     pa, pb = free_ports(2)
-    with UdpTransport(("::1", pa), [("::1", pb)], node_id="A", cluster="c", key=KEY, fanout=1,
+    with UdpTransport(("::1", pa), [("::1", pb)], node_id="A", cluster="c", key=KEY, branching=1,
                       incarnation=1) as a, \
             UdpTransport(("::1", pb), [parse_hostport(f"[::1]:{pa}")], node_id="B", cluster="c",
-                         key=KEY, fanout=1, incarnation=1) as b:
+                         key=KEY, branching=1, incarnation=1) as b:
         a.publish({}, 0.0)
         [rx] = poll_until(b, 0.0, 1)
         assert rx.addr == ("::1", pa) and rx.payload == Heartbeat()

@@ -114,8 +114,8 @@ def test_status_rows(m):
 
 
 def test_liveness_timeout():
-    assert liveness_timeout(0.1, n_peers=1, fanout=3) == pytest.approx(0.3)      # mesh: 3 intervals
-    assert liveness_timeout(0.1, n_peers=9, fanout=3) == pytest.approx(0.9)      # 3 cycles of 3
-    assert liveness_timeout(0.1, n_peers=489, fanout=3, misses=5) == pytest.approx(81.5)
+    assert liveness_timeout(0.1, n_peers=1, branching=3) == pytest.approx(0.3)      # mesh: 3 intervals
+    assert liveness_timeout(0.1, n_peers=9, branching=3) == pytest.approx(0.9)      # 3 cycles of 3
+    assert liveness_timeout(0.1, n_peers=489, branching=3, misses=5) == pytest.approx(81.5)
     with pytest.raises(ValueError, match="timeout must be > 0"):
         Membership("n1", PEERS, 0.0)
