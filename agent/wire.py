@@ -82,7 +82,31 @@ class Heartbeat:
     """Sent instead of updates when there is nothing to publish: keeps us alive at peers."""
 
 
-Payload = Union[Update, Heartbeat, Body]
+@dataclass(frozen=True, slots=True)
+class ClassValue:
+    """One class's published value in a :class:`Batch`; ``seq`` runs per (link, class)."""
+    key: int
+    seq: int
+    value: float
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LimitNote:
+    """A class's global limit and its version (agent/limits.py), announced to a peer."""
+    key: int
+    version: int
+    global_Bps: float
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Many classes' values (and limit announcements) in one datagram; empty = heartbeat."""
+    values: tuple[ClassValue, ...] = ()
+    limits: tuple[LimitNote, ...] = ()
+
+
+Payload = Union[Update, Heartbeat, Batch, Body]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +121,7 @@ _KINDS: dict[str, type] = {
     "lease_request": LeaseRequest, "lease_grant": LeaseGrant, "report": Report,
 }
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
+_KIND_OF[Batch] = "batch"
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 _HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(Header))
 
@@ -113,7 +138,9 @@ def encode(msg: Message, key: bytes | None) -> bytes:
     cls = type(msg.payload)
     sub = getattr(dg, _KIND_OF[cls])
     sub.SetInParent()                    # selects the oneof even when every field is default
-    for name in _FIELDS[cls]:
+    if cls is Batch:
+        _fill_batch(sub, msg.payload)
+    for name in _FIELDS.get(cls, ()):
         setattr(sub, name, getattr(msg.payload, name))
     body = dg.SerializeToString()
     return body if key is None else body + _tag(key, body)
@@ -142,16 +169,70 @@ def _parse(body: bytes) -> Message | None:
     kind = dg.WhichOneof("payload")
     if kind is None or not dg.HasField("header"):
         return None
-    cls = _KINDS[kind]
-    sub = getattr(dg, kind)
+    payload = _read_batch(dg.batch) if kind == "batch" else _read_body(_KINDS[kind], getattr(dg, kind))
+    header = Header(**{name: getattr(dg.header, name) for name in _HEADER_FIELDS})
+    if payload is None or not header.node or header.seq == 0 or not math.isfinite(header.sent_at):
+        return None
+    return Message(header, payload)
+
+
+def _read_body(cls: type, sub) -> Payload | None:
     values = [getattr(sub, name) for name in _FIELDS[cls]]
     # A NaN or inf would poison every sum it enters; no allocator publishes one.
     if any(isinstance(v, float) and not math.isfinite(v) for v in values):
         return None
-    header = Header(**{name: getattr(dg.header, name) for name in _HEADER_FIELDS})
-    if not header.node or header.seq == 0 or not math.isfinite(header.sent_at):
+    return cls(*values)
+
+
+def _fill_batch(sub, batch: Batch) -> None:
+    sub.keys.extend(v.key for v in batch.values)
+    sub.seqs.extend(v.seq for v in batch.values)
+    sub.values.extend(v.value for v in batch.values)
+    sub.versions.extend(v.version for v in batch.values)
+    for note in batch.limits:
+        sub.limits.add(key=note.key, version=note.version, global_Bps=note.global_Bps)
+
+
+def _read_batch(sub) -> Batch | None:
+    """A well-formed Batch: arrays of one length, seqs from 1, finite values and limits."""
+    keys, seqs, values, versions = sub.keys, sub.seqs, sub.values, sub.versions
+    if not len(keys) == len(seqs) == len(values) == len(versions) or 0 in seqs:
         return None
-    return Message(header, cls(*values))
+    if not all(map(math.isfinite, values)):
+        return None
+    limits = tuple(LimitNote(n.key, n.version, n.global_Bps) for n in sub.limits)
+    if any(not math.isfinite(n.global_Bps) or n.global_Bps < 0 for n in limits):
+        return None
+    return Batch(tuple(map(ClassValue, keys, seqs, values, versions)), limits)
+
+
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def _value_bytes(v: ClassValue) -> int:
+    return 4 + _varint_len(v.seq) + 4 + _varint_len(v.version)   # key fixed32, seq, float, version
+
+
+def _note_bytes(n: LimitNote) -> int:
+    inner = 5 + 1 + _varint_len(n.version) + 9
+    return 1 + _varint_len(inner) + inner
+
+
+def pack(values: list[ClassValue], limits: list[LimitNote], room: int) -> list[Batch]:
+    """Split values and limit notes into Batches whose encoding takes at most ``room``
+    bytes each (the datagram less its header and tag); at least one (a heartbeat)."""
+    room -= 3 + 4 * 3          # the oneof's tag and length; the four packed arrays' tags and lengths
+    out, cur_v, cur_l, used = [], [], [], 0
+    for item in [*limits, *values]:
+        cost = _note_bytes(item) if isinstance(item, LimitNote) else _value_bytes(item)
+        if used + cost > room and (cur_v or cur_l):
+            out.append(Batch(tuple(cur_v), tuple(cur_l)))
+            cur_v, cur_l, used = [], [], 0
+        (cur_l if isinstance(item, LimitNote) else cur_v).append(item)
+        used += cost
+    out.append(Batch(tuple(cur_v), tuple(cur_l)))
+    return out
 
 
 def decode(data: bytes, key: bytes | None, cluster: str) -> Message | Reason:
