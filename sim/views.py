@@ -14,8 +14,9 @@ builds a PeerState only for the entries the allocator looks at.
 Stale policy as agent.membership applies it (000_efbf5459a9d12355.txt §5.6):
 a peer heard ``stale_ticks`` or more ticks ago is not alive and its value
 counts zero; any accepted datagram (``touch``) is a sign of life.
-An update older than the newest one seen from the same sender (reordered or
-duplicated by the network) does not overwrite it.  Loss *detection* is
+An update older than the newest one seen from the same sender (reordered by
+the network's jitter) does not overwrite it, but shows the sender alive.
+tests/unit/test_stale_rule.py holds this table to agent.membership.  Loss *detection* is
 sim.wiretap's job, with the agent's own SeqWindow.
 """
 from __future__ import annotations
@@ -52,15 +53,20 @@ class ViewTable:
             return
         dst, src, value, seq = _newest_per_pair(batch, len(self.node_ids))
         fresh = seq > self.last_seq[dst, src]
+        if not fresh.all():     # a late (reordered) update is still a sign of life
+            self.touch(dst[~fresh], src[~fresh], tick)
         dst, src, value, seq = dst[fresh], src[fresh], value[fresh], seq[fresh]
         self._heard(dst, src, value, tick)
         self.last_seq[dst, src] = seq
 
     def touch(self, dst: np.ndarray, src: np.ndarray, tick: int) -> None:
-        """Any other accepted datagram is a sign of life too; the value stays."""
+        """Any other accepted datagram is a sign of life too.  The value stays, unless the
+        sender has published nothing in its current life: agent.membership forgets a
+        restarted peer's values as soon as it hears the new incarnation."""
         key = np.unique(dst * len(self.node_ids) + src)
         dst, src = key // len(self.node_ids), key % len(self.node_ids)
-        self._heard(dst, src, self.values[dst, src], tick)
+        value = np.where(self.last_seq[dst, src] == NEVER, 0.0, self.values[dst, src])
+        self._heard(dst, src, value, tick)
 
     def _heard(self, dst: np.ndarray, src: np.ndarray, value: np.ndarray, tick: int) -> None:
         """(dst, src) pairs unique: update values and the running sums incrementally."""
