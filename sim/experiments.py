@@ -39,6 +39,11 @@ class Options:
     name: str = ""                   # set by run(): modules serving two names branch on it
 
 
+def sizes(ladder: tuple[int, ...], limit: int) -> list[int]:
+    """The Ns an experiment runs: its ladder's sizes up to ``limit`` (--limiters), and ``limit``."""
+    return sorted({n for n in ladder if n <= limit} | {limit})
+
+
 def names() -> list[str]:
     return list(_REGISTRY)
 

@@ -18,7 +18,7 @@ import numpy as np
 from agent.allocators.graph import Graph
 
 from .engine import Setup, Simulation
-from .experiments import Options
+from .experiments import Options, sizes
 from .openloop import PoissonDemand
 from .plots import Line, Panel, save
 from .trace import jain
@@ -31,10 +31,6 @@ TICKS = 100
 INTERVAL_S = 1.0
 PEAK_Bps = 2e6
 LOAD = 0.9
-
-
-def sizes(limit: int) -> list[int]:
-    return sorted({n for n in SIZES if n <= limit} | {limit})
 
 
 def simulate(n: int, d: int, opts: Options) -> dict:
@@ -60,7 +56,7 @@ def ticks_to(jfi: list[float], level: float) -> int | None:
 
 
 def run(opts: Options) -> dict:
-    rows = [simulate(n, d, opts) for n in sizes(opts.limiters or DEFAULT_LIMITERS["gdrl-graphs"])
+    rows = [simulate(n, d, opts) for n in sizes(SIZES, opts.limiters or DEFAULT_LIMITERS["gdrl-graphs"])
             for d in DEGREES if d < n]
     panels = [Panel(f"N = {n}", "tick (1 s)", "JFI(q)",
                     [Line(f"d = {r['degree']}", range(TICKS), r["jfi"], "-") for r in rows if r["limiters"] == n])

@@ -25,7 +25,7 @@ import numpy as np
 from agent.units import parse_rate
 
 from .engine import Setup, Simulation
-from .experiments import Options
+from .experiments import Options, sizes
 from .plots import Line, Panel, save
 from .tcp import Flows, TcpFluid
 from .trace import jain
@@ -40,10 +40,6 @@ INTERVAL_S = 0.050
 LOSS = 0.01
 SETTLE_S = 10.0
 MEASURE_S = 20.0
-
-
-def sizes(limit: int) -> list[int]:
-    return sorted({n for n in SIZES if n <= limit} | {limit})
 
 
 def flows_for(n_limiters: int, seed: int) -> np.ndarray:
@@ -78,7 +74,7 @@ def measure(allocator: str, n: int, branching: int, flow_nodes: np.ndarray, opts
 
 def run(opts: Options) -> dict:
     rows = []
-    for n in sizes(opts.limiters or DEFAULT_LIMITERS["scale"]):
+    for n in sizes(SIZES, opts.limiters or DEFAULT_LIMITERS["scale"]):
         flow_nodes = flows_for(n, opts.seed)
         rows.append(measure("ctb", n, 0, flow_nodes, opts))
         rows.append(measure("grd", n, 3, flow_nodes, opts))
