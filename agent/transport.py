@@ -3,9 +3,9 @@
 The daemon's tick (agent/daemon.py)::
 
     peers = parse_peers(text)
-    transport = UdpTransport(parse_hostport(listen), [p.addr for p in peers], node_id=..., cluster=...,
-                             key=load_key(path),   # None only with --insecure
-                             branching=3, incarnation=new_incarnation())
+    transport = UdpTransport.bind(parse_hostport(listen), [p.addr for p in peers], node_id=..., cluster=...,
+                                  key=load_key(path),   # None only with --insecure
+                                  branching=3, incarnation=new_incarnation())
     members = Membership(node_id, transport.peer_addrs,
                          liveness_timeout(interval, len(transport.peer_addrs), 3),
                          names={transport.resolved[p.addr]: p.node_id for p in peers if p.node_id})
@@ -59,31 +59,33 @@ def _bind(listen: HostPort) -> socket.socket:
         why = {errno.EADDRINUSE: "port already in use",
                errno.EADDRNOTAVAIL: "address is not on this host"}.get(e.errno, e.strerror)
         raise TransportError(f"cannot listen on {format_addr(listen)}: {why}") from None
-    sock.setblocking(False)
     return sock
 
 
 class UdpTransport:
-    """A GossipCore on a non-blocking UDP socket bound to ``listen``.
+    """A GossipCore on a UDP socket: ``UdpTransport.bind(listen, peers, ...)`` binds ``listen``;
+    the constructor takes a socket already bound (tests bind port 0 first, so that
+    peers can name each other's ports) and owns it from then on.
 
     ``poll(now)`` drains the socket and validates at most ``queue_size`` datagrams
     per call (the rest are dropped and counted as queue_full, so a flood cannot
     stall the tick).  Send errors are counted, never raised.  ``peer_addrs`` are the
     resolved peer addresses, in the order given (for Membership); a peer equal to
-    ``listen`` is this node and is left out.  ``resolved`` maps each given peer
-    to its resolved address.
+    the bound address is this node and is left out.  ``resolved`` maps each given
+    peer to its resolved address.
     """
 
-    def __init__(self, listen: HostPort, peers: Sequence[HostPort], *, node_id: str, cluster: str,
+    def __init__(self, sock: socket.socket, peers: Sequence[HostPort], *, node_id: str, cluster: str,
                  key: bytes | None, branching: int, incarnation: int, queue_size: int = 1024,
                  rng: random.Random | None = None) -> None:
-        self.sock = _bind(listen)
+        self.sock = sock
+        sock.setblocking(False)
         try:
-            family = self.sock.family
-            self.address: HostPort = self.sock.getsockname()[:2]
+            family = sock.family
+            self.address: HostPort = sock.getsockname()[:2]
             resolved = [_resolve(h, p, family) for h, p in peers]
         except TransportError:
-            self.sock.close()
+            sock.close()
             raise
         self.resolved: dict[HostPort, HostPort] = dict(zip(peers, resolved))
         self.peer_addrs = PeerList(a for a in resolved if a != self.address)
@@ -91,6 +93,11 @@ class UdpTransport:
         self.core = GossipCore(node_id, cluster, key, self.peer_addrs, branching, incarnation, rng,
                                Stats(overhead_bytes=48 if family == socket.AF_INET6 else 28))
         self.stats = self.core.stats
+
+    @classmethod
+    def bind(cls, listen: HostPort, peers: Sequence[HostPort], **kw) -> "UdpTransport":
+        """Listen on ``listen``; ``kw`` as for the constructor.  Raises TransportError."""
+        return cls(_bind(listen), peers, **kw)
 
     def poll(self, now: float) -> list[Received]:
         """Everything that arrived since the last poll, validated, in arrival order; never raises."""

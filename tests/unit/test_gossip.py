@@ -206,18 +206,18 @@ def test_counters_and_control_bandwidth():
 
 # -- real UDP on loopback -----------------------------------------------------------------------
 
-def free_ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+def bound(n, host="127.0.0.1"):
+    """n sockets bound to free ports, handed to the transports as they are: no
+    bind-close-rebind, so no other process can take a port in between."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks = [socket.socket(family, socket.SOCK_DGRAM) for _ in range(n)]
     for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+        s.bind((host, 0))
+    return socks, [s.getsockname()[1] for s in socks]
 
 
-def udp(node, port, peers, key=KEY, **kw):
-    return UdpTransport(("127.0.0.1", port), [("127.0.0.1", p) for p in peers], node_id=node,
+def udp(node, sock, peers, key=KEY, **kw):
+    return UdpTransport(sock, [("127.0.0.1", p) for p in peers], node_id=node,
                         cluster="c", key=key, branching=kw.pop("branching", 3), incarnation=1, **kw)
 
 
@@ -233,9 +233,9 @@ def poll_until(transport, now, want, tries=100):
 
 
 def test_udp_loopback_right_and_wrong_key():
-    pa, pb, pc = free_ports(3)
-    with udp("A", pa, [pb, pc]) as a, udp("B", pb, [pa, pc]) as b, \
-            udp("C", pc, [pa, pb], key=b"w" * 32) as intruder:
+    (sa, sb, sc), (pa, pb, pc) = bound(3)
+    with udp("A", sa, [pb, pc]) as a, udp("B", sb, [pa, pc]) as b, \
+            udp("C", sc, [pa, pb], key=b"w" * 32) as intruder:
         members = Membership("B", b.peer_addrs, timeout_s=1.0)
         a.publish({1: 125000.0}, now=0.0)
         intruder.publish({1: 9e9}, now=0.0)
@@ -254,8 +254,8 @@ def test_udp_loopback_right_and_wrong_key():
 
 
 def test_udp_queue_bound_and_oversized():
-    pa, pb = free_ports(2)
-    with udp("A", pa, [pb]) as a, udp("B", pb, [pa], queue_size=2) as b:
+    (sa, sb), (pa, pb) = bound(2)
+    with udp("A", sa, [pb]) as a, udp("B", sb, [pa], queue_size=2) as b:
         for t in range(5):
             a.publish({1: float(t)}, t)
         a.sock.sendto(b"x" * (MAX_DATAGRAM + 100), ("127.0.0.1", pb))
@@ -268,21 +268,22 @@ def test_udp_queue_bound_and_oversized():
 
 
 def test_udp_bind_errors_are_one_line():
-    [port] = free_ports(1)
-    with udp("A", port, []):
+    [sock], [port] = bound(1)
+    with udp("A", sock, []):
         with pytest.raises(TransportError, match=f"cannot listen on 127.0.0.1:{port}: port already in use"):
-            udp("B", port, [])
+            UdpTransport.bind(("127.0.0.1", port), [], node_id="B", cluster="c", key=None, branching=1,
+                              incarnation=1)
     with pytest.raises(TransportError, match="address is not on this host"):
-        UdpTransport(("192.0.2.1", 7000), [], node_id="A", cluster="c", key=None, branching=1,
-                     incarnation=1)
+        UdpTransport.bind(("192.0.2.1", 7000), [], node_id="A", cluster="c", key=None, branching=1,
+                          incarnation=1)
     with pytest.raises(TransportError, match="cannot resolve no-such-host.invalid:7000"):
-        UdpTransport(("127.0.0.1", 0), [("no-such-host.invalid", 7000)], node_id="A",
-                     cluster="c", key=None, branching=1, incarnation=1)
+        UdpTransport.bind(("127.0.0.1", 0), [("no-such-host.invalid", 7000)], node_id="A",
+                          cluster="c", key=None, branching=1, incarnation=1)
 
 
 def test_udp_peer_list_may_name_this_node():
-    [pa] = free_ports(1)
-    with udp("A", pa, [pa, 7001]) as a:
+    [sa], [pa] = bound(1)
+    with udp("A", sa, [pa, 7001]) as a:
         assert list(a.peer_addrs) == [("127.0.0.1", 7001)] and ("127.0.0.1", 7001) in a.peer_addrs
 
 
@@ -294,10 +295,10 @@ def test_udp_ipv6_loopback():
             s.bind(("::1", 0))
     except OSError:
         pytest.skip("no ::1 on this host")
-    pa, pb = free_ports(2)
-    with UdpTransport(("::1", pa), [("::1", pb)], node_id="A", cluster="c", key=KEY, branching=1,
+    (sa, sb), (pa, pb) = bound(2, "::1")
+    with UdpTransport(sa, [("::1", pb)], node_id="A", cluster="c", key=KEY, branching=1,
                       incarnation=1) as a, \
-            UdpTransport(("::1", pb), [parse_hostport(f"[::1]:{pa}")], node_id="B", cluster="c",
+            UdpTransport(sb, [parse_hostport(f"[::1]:{pa}")], node_id="B", cluster="c",
                          key=KEY, branching=1, incarnation=1) as b:
         a.publish({}, 0.0)
         [rx] = poll_until(b, 0.0, 1)
