@@ -93,7 +93,7 @@ class Agent:
         cfg = self.cfg
         self.control = ControlServer(cfg.socket_path)
         self._stack.callback(self.control.close)
-        self.transport = UdpTransport(cfg.listen, [p.addr for p in cfg.peers], node_id=cfg.node_id, cluster=CLUSTER,
+        self.transport = UdpTransport.bind(cfg.listen, [p.addr for p in cfg.peers], node_id=cfg.node_id, cluster=CLUSTER,
                                       key=cfg.key, branching=cfg.branching, incarnation=new_incarnation())
         self._stack.callback(self.transport.close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
