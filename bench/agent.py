@@ -21,32 +21,30 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernel")]
-
-from agent.units import parse_duration  # noqa: E402
-from agentctl import Agents  # noqa: E402
-from netns import Network, run_prefix  # noqa: E402
+from agent.units import parse_duration
+from lab.agents import Cluster, write_key
+from lab.netns import Lab
+from lab.topology import new_run, star
+from lab.traffic import iperf3_server, iperf3_start
 
 
 def measure(interval: str, peers: int, seconds: float) -> dict:
-    with Network(run_prefix("ba"), n_hosts=peers + 2) as net, tempfile.TemporaryDirectory() as tmp:
+    with Lab(star(peers + 2, new_run("ba"))) as net, tempfile.TemporaryDirectory() as tmp:
         limiters, sink = net.hosts[:-1], net.hosts[-1]
         key = Path(tmp) / "key"
-        key.write_text("k" * 32)
-        key.chmod(0o600)
-        agents = Agents(net, Path(tmp), str(key))
+        write_key(key)
+        agents = Cluster(net, Path(tmp), str(key))
         running = [agents.start(h, [p for p in limiters if p is not h], "fps", "50mbit", "--interval", interval,
                                 "--branching", str(peers)) for h in limiters]
         me = running[0]
         proc = _agent_process(me.proc.pid)
-        with sink.iperf3_server() as srv:
-            client = limiters[0].iperf3_start(srv, seconds=int(seconds) + 3, streams=1)
+        with iperf3_server(sink) as srv:
+            client = iperf3_start(limiters[0], srv, seconds=int(seconds) + 3, streams=1)
             time.sleep(2)
             cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
             time.sleep(seconds)
             cpu = (sum(proc.cpu_times()[:2]) - cpu0) / (time.monotonic() - t0)
-            st = agents.status(me)
+            st = me.status()
             client.wait()
         return {"interval": interval, "peers": peers, "cpu_pct": 100 * cpu,
                 "rss_mib": proc.memory_info().rss / 2**20, "control_kbps": st["gossip"]["control_bps"] / 1e3,

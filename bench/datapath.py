@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernel")]
-
-from agent.model import Mode  # noqa: E402
-from agent.datapath import Datapath, default_burst  # noqa: E402
-from netns import Network, run_prefix  # noqa: E402
+from agent.datapath import Datapath, default_burst
+from agent.model import Mode
+from lab.errors import LabError
+from lab.netns import Lab
+from lab.topology import new_run, pair
+from lab.traffic import iperf3, iperf3_server
 
 RATES_MBIT = (10, 50, 200)
 FLOWS = (1, 4, 16)
@@ -43,7 +42,7 @@ CC = "cubic"  # --cc
 
 
 def goodput(h1, srv, seconds: float, streams: int) -> float:
-    return h1.iperf3(srv, seconds=seconds, streams=streams, cc=CC).received_bps
+    return iperf3(h1, srv, seconds=seconds, streams=streams, cc=CC).received_bps
 
 
 def with_limiter(net, srv, rate_bps: float, streams: int, seconds: float,
@@ -138,8 +137,8 @@ def main() -> None:
     args = ap.parse_args()
     globals()["CC"] = args.cc
     started = time.monotonic()
-    with Network(run_prefix("dp")) as net:
-        with net.hosts[1].iperf3_server() as srv:
+    with Lab(pair(new_run("dp"))) as net:
+        with iperf3_server(net.hosts[1]) as srv:
             for name in args.part or list(PARTS):
                 say(f"== {name}")
                 PARTS[name](net, srv, args.seconds)
@@ -149,5 +148,5 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except subprocess.CalledProcessError as e:
-        sys.exit(f"error: {' '.join(e.cmd)}: {e.stderr.strip()}")
+    except LabError as e:
+        sys.exit(f"error: {e}")

@@ -17,11 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
-
-from lab.registry import resolve  # noqa: E402
-from lab.runner import run_experiment  # noqa: E402
+from lab.registry import resolve
+from lab.runner import run_experiment
 
 
 def cell(interval: str, ewma: str, duration_s: float) -> dict:

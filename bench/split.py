@@ -3,7 +3,7 @@
     sudo .venv/bin/python bench/split.py --runs 4 --rto-min 10ms,default --flow-ewma 0.8,0.1
 
 Two agents share 10 Mbit/s at a 50 ms interval; 3 cubic flows leave one, 7 the
-other, for 38 s towards a sink on the same bridge (tests/kernel/netns.py).
+other, for 38 s towards a sink on the same bridge (lab/topology.py's star).
 After 6 s of warm-up the 3-flow limiter's share of the local limits is read
 every 0.25 s for 30 s (0.30 is ideal, static gives 0.50); Jain's index is over
 the 10 flows' iperf3 bytes.  The settings alternate run by run, so every row
@@ -18,21 +18,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernel")]
-
-from agentctl import Agents, jain, three_to_seven  # noqa: E402
-from netns import Network, run_prefix  # noqa: E402
+from agent.fairness import jain
+from lab.agents import Cluster
+from lab.measure import three_to_seven
+from lab.netns import Lab
+from lab.topology import new_run, star
 
 
 def one_run(rto_min: str | None, flow_ewma: str) -> tuple[float, float]:
     """(split, Jain) of one 38-s run."""
-    with tempfile.TemporaryDirectory() as tmp, \
-            Network(run_prefix("bs"), n_hosts=3, rto_min=rto_min) as net:
+    with tempfile.TemporaryDirectory() as tmp, Lab(star(3, new_run("bs"), rto_min=rto_min)) as net:
         h1, h2, h3 = net.hosts
-        agents = Agents(net, Path(tmp))
+        agents = Cluster(net, Path(tmp))
         opts = ("fps", "10mbit", "--interval", "50ms", "--flow-ewma", flow_ewma)
-        run = three_to_seven(agents, agents.start(h1, [h2], *opts), agents.start(h2, [h1], *opts), h3, poll_s=0.25)
+        run = three_to_seven(net, agents.start(h1, [h2], *opts), agents.start(h2, [h1], *opts), h3, poll_s=0.25)
     return run.share, jain(run.stream_bytes)
 
 

@@ -2,29 +2,37 @@
 
     argv = agent_argv(plan, "l1", "fps", key_file="/run/drl-lab/lb3fa2/key",
                       socket="/run/drl-lab/lb3fa2/l1.sock")
-    agents = start_agents(lab, "fps")      # waits until every agent answers on its socket
+    agents = start_agents(lab, "fps", logs)   # waits until every agent answers on its socket
+    agents[0].status()["local_limit_bps"]      # what `drlctl status --json` prints
 
 The argv is pure (lab/vagrant.py builds the VMs' agents from the same
 function, so the lab and the Vagrant twin run identical options).  Agents
 gossip over the control network (lab/topology.py) and limit the egress of
 their interface toward the sink.  In the CTB reference run one agent with
 allocator ``ctb`` limits the link every flow crosses.
+
+On a code topology (lab/topology.py's pair, star) kernel tests and
+benchmarks start agents one at a time with a :class:`Cluster`: host ``h``'s
+agent has node id ``h`` and listens on ``<its address>:7470``.
 """
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 from agent.control import ControlError, request
 from agent.units import to_bps
 
 from .errors import LabError
-from .netns import Lab
+from .netns import Host, Lab
 from .spec import REFERENCE
 from .topology import Plan
 
@@ -41,23 +49,30 @@ def drl_agent() -> str:
     return found
 
 
+def up_argv(program: str, *, iface: str, global_: str, allocator: str, node_id: str, socket: str, listen: str,
+            peers: Sequence[str] = (), key_file: str | None = None, options: Sequence[str] = ()) -> list[str]:
+    """``drl-agent up ...``, the one command line of every agent (lab, VMs, kernel tests)."""
+    argv = [program, "up", "--iface", iface, "--global", global_, "--allocator", allocator,
+            "--node-id", node_id, "--socket", socket, "--listen", listen]
+    if peers:
+        argv += ["--peers", ",".join(peers)]
+    return argv + (["--key-file", key_file] if key_file else ["--insecure"]) + list(options)
+
+
 def agent_argv(plan: Plan, host: str, allocator: str, key_file: str, socket: str,
                iface: str | None = None, program: str = "drl-agent") -> list[str]:
     """``drl-agent up ...`` for ``host``; ``iface`` overrides the interface name (VMs name NICs their own way)."""
     exp = plan.exp
-    argv = [program, "up", "--iface", iface or plan.agent_ifaces()[host].name,
-            "--global", f"{to_bps(exp.global_Bps):.0f}bit", "--allocator", allocator,
-            "--node-id", host, "--socket", socket]
     if plan.ctl:
         # ID@HOST:PORT: gdrl, fillratio, dqmp and lease need to know every member's id
         peers = [f"{h}@{plan.ctl_address(h)}:{GOSSIP_PORT}" for h in plan.agent_ifaces() if h != host]
-        argv += ["--listen", f"{plan.ctl_address(host)}:{GOSSIP_PORT}", "--peers", ",".join(peers),
-                 "--key-file", key_file]
+        listen, key = f"{plan.ctl_address(host)}:{GOSSIP_PORT}", key_file
     else:  # a single agent has nobody to talk to
-        argv += ["--listen", f"127.0.0.1:{GOSSIP_PORT}", "--insecure"]
-    for key, value in exp.agent_options(allocator).items():
-        argv += [f"--{key.replace('_', '-')}", value]
-    return argv
+        peers, listen, key = [], f"127.0.0.1:{GOSSIP_PORT}", None
+    options = [arg for k, value in exp.agent_options(allocator).items() for arg in (f"--{k.replace('_', '-')}", value)]
+    return up_argv(program, iface=iface or plan.agent_ifaces()[host].name, global_=f"{to_bps(exp.global_Bps):.0f}bit",
+                   allocator=allocator, node_id=host, socket=socket, listen=listen, peers=peers, key_file=key,
+                   options=options)
 
 
 def write_key(path: Path) -> None:
@@ -70,12 +85,41 @@ def write_key(path: Path) -> None:
 class Agent:
     host: str
     socket: str
-    proc: object
+    proc: subprocess.Popen
     log: Path
     samples: list[tuple[float, dict]] = field(default_factory=list)
 
     def status(self) -> dict:
+        """What ``drlctl status --json`` prints; ControlError when the agent does not answer."""
         return request(self.socket, "status", timeout_s=2.0)["status"]
+
+    def wait_ready(self, deadline: float) -> None:
+        """Until it answers ``status``; a LabError with its log's tail if it exits or ``deadline`` passes."""
+        while True:
+            if self.proc.poll() is not None:
+                tail = " / ".join(self.log.read_text(errors="replace").strip().splitlines()[-2:])
+                raise LabError(f"drl-agent on {self.host} exited ({self.proc.returncode}): {tail or 'no output'}")
+            try:
+                self.status()
+                return
+            except ControlError:
+                if time.monotonic() > deadline:
+                    raise LabError(f"drl-agent on {self.host} did not answer on {self.socket} within {READY_TIMEOUT_S:g} s") from None
+                time.sleep(0.2)
+
+    def wait_for(self, predicate: Callable[[dict], bool], timeout_s: float) -> dict:
+        """Poll status until predicate(status) holds or ``timeout_s`` passes; the last status either way."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status()
+            if predicate(st) or time.monotonic() > deadline:
+                return st
+            time.sleep(0.2)
+
+    def kill(self, sig: int) -> int:
+        """Send ``sig`` to the agent's session and wait for it to exit; its exit status."""
+        os.killpg(self.proc.pid, sig)
+        return self.proc.wait(timeout=10)
 
 
 def start_agents(lab: Lab, allocator: str, logs: Path) -> list[Agent]:
@@ -92,18 +136,32 @@ def start_agents(lab: Lab, allocator: str, logs: Path) -> list[Agent]:
         agents.append(Agent(host, sock, lab.spawn(host, argv, log=log), log))
     deadline = time.monotonic() + READY_TIMEOUT_S
     for a in agents:
-        while True:
-            if a.proc.poll() is not None:
-                tail = " / ".join(a.log.read_text(errors="replace").strip().splitlines()[-2:])
-                raise LabError(f"drl-agent on {a.host} exited ({a.proc.returncode}): {tail or 'no output'}")
-            try:
-                a.status()
-                break
-            except ControlError:
-                if time.monotonic() > deadline:
-                    raise LabError(f"drl-agent on {a.host} did not answer on {a.socket} within {READY_TIMEOUT_S:g} s") from None
-                time.sleep(0.2)
+        a.wait_ready(deadline)
     return agents
+
+
+class Cluster:
+    """Agents started one at a time on a code topology's hosts (kernel tests, benchmarks);
+    sockets, logs and state files go to ``dir``, and the Lab stops the agents."""
+
+    def __init__(self, lab: Lab, dir: Path, key_file: str | None = None):
+        self.lab, self.dir, self.key_file = lab, dir, key_file
+
+    def argv(self, host: Host, peers: Sequence[Host] = (), allocator: str = "fps", global_: str = "10mbit",
+             *extra: str) -> list[str]:
+        return up_argv(drl_agent(), iface="eth0", global_=global_, allocator=allocator, node_id=host.name,
+                       socket=str(self.dir / f"{host.name}.sock"), listen=f"{host.addr4}:{GOSSIP_PORT}",
+                       peers=[f"{p.name}@{p.addr4}:{GOSSIP_PORT}" for p in peers], key_file=self.key_file,
+                       options=["--state-dir", str(self.dir), *extra])
+
+    def start(self, host: Host, peers: Sequence[Host] = (), allocator: str = "fps", global_: str = "10mbit",
+              *extra: str) -> Agent:
+        """Start host's agent and wait until it answers."""
+        log = self.dir / f"{host.name}.log"
+        proc = host.popen(*self.argv(host, peers, allocator, global_, *extra), log=log)
+        agent = Agent(host.name, str(self.dir / f"{host.name}.sock"), proc, log)
+        agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+        return agent
 
 
 class StatusPoller:

@@ -1,8 +1,14 @@
-"""Build a :class:`~lab.topology.Plan` into namespaces, run processes there, tear it all down.
+"""Build a :class:`~lab.topology.Topology` into namespaces, run processes there, tear it all down.
 
-    with Lab(plan) as lab:                      # builds; always tears down on exit
+    with Lab(plan) as lab:                      # an experiment's plan, or pair(run), star(n, run)
         proc = lab.spawn("l1", ["iperf3", "-c", "10.1.2.2"], log=Path("c.log"))
+        h1 = lab.hosts[0]                       # the hosts with an address, as handles
+        h1.run("ip", "addr")                    # inside h1's namespace; stdout
     clean()                                     # leftovers of crashed runs (drl-lab clean)
+
+Every network of the project, an experiment's or a kernel test's, is built
+here from its Topology's one list of commands, so what links and hosts can
+do (shaping, delay, faults) is added in one place.
 
 Teardown is by name, never by pattern: the processes this Lab started (by
 pid), then every process still inside one of the run's namespaces (``ip netns
@@ -12,16 +18,19 @@ with an ``owner`` file, so ``clean`` can tell a live run from a dead one.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .errors import LabError
 from .preflight import require_root
-from .topology import RUN, Plan
+from .topology import RUN, Topology
 
 STATE_DIR = Path("/run/drl-lab")
 NETNS_DIR = Path("/run/netns")
@@ -36,11 +45,22 @@ def sh(cmd: list[str]) -> str:
     return res.stdout
 
 
+def poll(ready: Callable[[], bool], timeout_s: float, period_s: float = 0.05) -> bool:
+    """Ask ``ready()`` until it says yes (True) or ``timeout_s`` has passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(period_s)
+    return True
+
+
 class Lab:
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Topology):
         self.plan = plan
         self.state = STATE_DIR / plan.run
         self.procs: list[subprocess.Popen] = []
+        self.hosts = [Host(self, h) for h in plan.hosts if plan.address(h)]
 
     def __enter__(self) -> "Lab":
         require_root()
@@ -57,17 +77,22 @@ class Lab:
     def __exit__(self, *exc) -> None:
         self.teardown()
 
-    def spawn(self, host: str | None, argv: list[str], log: Path | None = None) -> subprocess.Popen:
-        """Start argv inside ``host``'s namespace (None: the control network's), in its own
-        session so a Ctrl-C reaches only the lab, which then stops everything in order."""
-        ns = self.plan.ns(host) if host else self.plan.ctl_ns
-        out = open(log, "wb") if log else subprocess.DEVNULL
-        try:
-            proc = subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        finally:
-            if log:
-                out.close()
+    def host(self, name: str) -> "Host":
+        """A handle on any of the topology's namespaces (``lab.hosts`` has the addressed ones)."""
+        return Host(self, name)
+
+    def spawn(self, host: str, argv: list[str], log: Path | None = None, capture: bool = False) -> subprocess.Popen:
+        """Start argv inside ``host``'s namespace, in its own session so a Ctrl-C reaches only
+        the lab, which then stops everything in order.  Output goes to ``log`` (stderr too),
+        or to pipes with ``capture`` (text), else nowhere."""
+        argv = ["ip", "netns", "exec", self.plan.ns(host), *argv]
+        if capture:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                    text=True, start_new_session=True)
+        else:
+            with open(log, "wb") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -80,6 +105,43 @@ class Lab:
             stop(proc)
         self.procs.clear()
         remove_run(self.plan.run)
+
+
+@dataclass(frozen=True)
+class Host:
+    """One namespace of a built Lab: where to run things, and its addresses."""
+    lab: Lab
+    name: str
+
+    @property
+    def ns(self) -> str:
+        return self.lab.plan.ns(self.name)
+
+    @property
+    def addr4(self) -> str | None:
+        return self.lab.plan.address(self.name)
+
+    @property
+    def addr6(self) -> str | None:
+        return self.lab.plan.address6(self.name)
+
+    def argv(self, *cmd: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns, *cmd]
+
+    def run(self, *cmd: str) -> str:
+        """Run to completion inside the namespace; stdout, or a LabError naming the command."""
+        return sh(self.argv(*cmd))
+
+    def popen(self, *cmd: str, cpu: int | None = None, log: Path | None = None,
+              capture: bool = False) -> subprocess.Popen:
+        """Start cmd inside the namespace (Lab.spawn), pinned to ``cpu`` when given; the Lab
+        stops it at teardown."""
+        pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+        return self.lab.spawn(self.name, [*pin, *cmd], log=log, capture=capture)
+
+    def listening(self, port: int) -> bool:
+        """Whether a TCP socket listens on ``port`` here."""
+        return f":{port} " in self.run("ss", "-Hltn")
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
@@ -100,7 +162,7 @@ def remove_run(run: str) -> None:
         pids = [pid for ns in spaces for pid in _pids(ns)]
         for pid in pids:
             _kill(pid, sig)
-        if _wait_gone(pids, 3.0):
+        if poll(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 3.0):
             break
     for ns in spaces:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -146,15 +208,6 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def _wait_gone(pids: list[int], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(Path(f"/proc/{p}").exists() for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _owner_alive(run: str) -> bool:

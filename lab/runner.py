@@ -25,7 +25,7 @@ from . import plots, preflight
 from .agents import StatusPoller, start_agents
 from .collector import DT, SinkMeter
 from .errors import LabError
-from .netns import Lab, sh, stop
+from .netns import Lab, poll, stop
 from .results import analyse, compare
 from .spec import REFERENCE, Experiment
 from .topology import plan as make_plan
@@ -81,10 +81,9 @@ def _start_servers(lab: Lab, groups: list[Group], out: Path) -> list[subprocess.
             receivers.append(proc)
     deadline = time.monotonic() + SERVER_WAIT_S
     for g in groups:
-        while f":{g.port} " not in sh(["ip", "netns", "exec", lab.plan.ns(g.server_host), "ss", "-Hltn"]):
-            if time.monotonic() > deadline:
-                raise LabError(f"the server for {g.label} did not start listening on port {g.port}")
-            time.sleep(0.05)
+        host = lab.host(g.server_host)
+        if not poll(lambda: host.listening(g.port), max(0.0, deadline - time.monotonic())):
+            raise LabError(f"the server for {g.label} did not start listening on port {g.port}")
     return receivers
 
 

@@ -1,16 +1,30 @@
-"""Names, addresses, routes and the commands that build an experiment's network (pure).
+"""Names, addresses, routes and the commands that build a network of namespaces (pure).
+
+One :class:`Topology` describes hosts (one namespace each), the veths between
+them, bridges and routes; ``build_commands()`` is the one code path that
+turns any of them into ``ip``/``tc`` commands, and lab/netns.py's ``Lab``
+runs them.  Topologies come from an experiment file (``plan``) or from code
+(``pair``, ``star``, as mininet's ``Topo`` subclasses do):
 
     >>> from lab.reader import load
-    >>> from lab.topology import plan
+    >>> from lab.topology import plan, star
     >>> p = plan(load("lab/experiments/baseline.toml"), run="lb00aa")
     >>> p.ns("l1"), p.agent_ifaces()["l1"].name, p.address("sink")
     ('lb00aa-l1', 'lb00aal1-0', '10.1.2.2')
+    >>> s = star(3, run="dp0a1b")
+    >>> s.ns("h3"), s.address("h3"), s.address6("h3")
+    ('dp0a1b-h3', '10.0.0.3', 'fd00::3')
 
-Naming is an API (docs/lab.md):
+Naming is an API (docs/lab.md; the kernel tests rely on it too):
 
-* run prefix: ``lb`` + 4 hex digits, new for every run (``lb3fa2``); every name
+* run prefix: a short word + 4 hex digits, new for every run (``new_run``):
+  ``lb3fa2`` for experiments, e.g. ``dp3fa2`` for a kernel test; every name
   below starts with it, so ``drl-lab clean`` can find a crashed run's leftovers.
-* namespace of host ``h``: ``<run>-<h>``; the control network: ``<run>-ctl``.
+* namespace of host ``h``: ``<run>-<h>``.
+
+Experiments (``plan``):
+
+* control network namespace: ``<run>-ctl``.
 * data interface: ``<run><h>-<k>`` for host ``h``'s k-th link in file order
   (``lb3fa2l1-0``); veths are created directly inside the namespaces.
 * link ``i`` (file order) is ``10.1.i.0/24``: its first end ``.1``, second ``.2``.
@@ -22,9 +36,27 @@ The CTB reference (``central=True``) builds the same network but puts ONE
 bucket where all flows meet: the egress of the sink's only neighbour toward
 the sink (000_efbf5459a9d12355.txt §5.1, "a centralized token-bucket limiter
 servicing all 10 flows").
+
+Code topologies (``pair``, ``star``; kernel tests and benchmarks):
+
+* host i (1-based) is ``h<i>``, with one interface ``eth0``, addresses
+  ``10.0.0.<i>/24`` and ``fd00::<i>/64``.
+* ``pair()``: ``h1:eth0 <-> h2:eth0`` is one veth pair.  ``star(n)``: every
+  ``h<i>:eth0`` is paired with port ``h<i>`` of bridge ``br0`` in namespace
+  ``<run>-sw``.  Interface names live only inside the namespaces, so they
+  never clash with the host's.
+* they keep the veth's offloads (the datapath benchmarks measure them);
+  experiments segment in the stack.
+* ``rto_min`` (e.g. ``WAN_RTO_MIN``), when given, is set on every subnet
+  route: TCP's minimum retransmission timeout.  Linux's default, 200 ms, is
+  a few RTTs on a WAN but 4,000 of a veth's 50 us, and TCP flows sharing one
+  token bucket then take turns by timeouts instead of sharing it (README
+  "TCP on veth"); tests of how agents divide a limit among TCP flows use
+  ``WAN_RTO_MIN``.
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 from dataclasses import dataclass
@@ -37,24 +69,28 @@ RUN = re.compile(rf"{PREFIX}[0-9a-f]{{4}}")
 CTL_NET = "10.254.0"
 MTU_FRAME = 1514
 IFNAMSIZ = 15
+WAN_RTO_MIN = "10ms"  # TCP's RTO floor for tests of TCP flows sharing a limit: 200 veth RTTs
 
 
-def new_run() -> str:
-    return PREFIX + secrets.token_hex(2)
+def new_run(prefix: str = PREFIX) -> str:
+    """prefix + 4 random hex digits: the unique name prefix of one run."""
+    return prefix + secrets.token_hex(2)
 
 
 @dataclass(frozen=True)
 class Iface:
     host: str
     name: str
-    addr: str | None  # without the /24; None on bridge ports
+    addr: str | None             # IPv4 in a /24, without the length; None on bridge ports
+    addr6: str | None = None     # IPv6 in a /64, without the length
+    bridge: str | None = None    # on a bridge port: the bridge (in the same namespace) it joins
 
 
 @dataclass(frozen=True)
 class Veth:
     a: Iface
     b: Iface
-    link: Link | None = None  # None on the control network
+    link: Link | None = None  # its shaping; None: a plain veth
 
 
 @dataclass(frozen=True)
@@ -65,28 +101,31 @@ class Route:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Bridge:
+    host: str
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """What a Lab builds.  ``veths`` carry the data (they get the RTO floor and shaping);
+    ``ctl`` veths are a control network (the agents' gossip), built alike but left alone."""
     run: str
-    exp: Experiment
-    central: bool
+    hosts: tuple[str, ...]              # every namespace, by host name
     veths: tuple[Veth, ...]
-    ctl: tuple[Veth, ...]
-    routes: tuple[Route, ...]
+    ctl: tuple[Veth, ...] = ()
+    bridges: tuple[Bridge, ...] = ()
+    routes: tuple[Route, ...] = ()
+    forwarding: tuple[str, ...] = ()    # hosts that route between their links
+    rto_min: str | None = None          # TCP's RTO floor on every data route, ip-route's syntax
+    offload: bool = True                # False: segment in the stack (ethtool -K ... off)
 
     def ns(self, host: str) -> str:
         return f"{self.run}-{host}"
 
     @property
-    def ctl_ns(self) -> str:
-        return f"{self.run}-ctl"
-
-    @property
-    def bridge(self) -> str:
-        return f"{self.run}br"
-
-    @property
     def namespaces(self) -> list[str]:
-        return [self.ns(h) for h in self.exp.hosts] + ([self.ctl_ns] if self.ctl else [])
+        return [self.ns(h) for h in self.hosts]
 
     def iface(self, host: str, peer: str) -> Iface:
         """``host``'s interface on its link to ``peer``."""
@@ -97,59 +136,61 @@ class Plan:
                 return v.b
         raise KeyError(f"no link {host}-{peer}")
 
-    def address(self, host: str) -> str:
-        """The address traffic is sent to: the host's first interface."""
-        return next(i.addr for v in self.veths for i in (v.a, v.b) if i.host == host)
+    def address(self, host: str) -> str | None:
+        """The address traffic is sent to: the host's first data interface's (None: it has none)."""
+        return next((i.addr for v in self.veths for i in (v.a, v.b) if i.host == host and i.addr), None)
 
-    def agent_ifaces(self) -> dict[str, Iface]:
-        """Where agents run: host -> the interface whose egress they limit (toward the sink)."""
-        exp = self.exp
-        if self.central:
-            hub = exp.neighbours(exp.sink)[0]
-            return {hub: self.iface(hub, exp.sink)}
-        return {h: self.iface(h, exp.route(h, exp.sink)[1]) for h in exp.limiters}
-
-    def ctl_address(self, host: str) -> str:
-        return next(v.a.addr for v in self.ctl if v.a.host == host)
+    def address6(self, host: str) -> str | None:
+        return next((i.addr6 for v in self.veths for i in (v.a, v.b) if i.host == host and i.addr6), None)
 
     # -- commands ------------------------------------------------------------------
     def build_commands(self) -> list[list[str]]:
         """Every command that builds the network, in order (lab/netns.py runs them)."""
         cmds = [["ip", "netns", "add", ns] for ns in self.namespaces]
         cmds += [["ip", "-n", ns, "link", "set", "lo", "up"] for ns in self.namespaces]
-        if self.ctl:
-            cmds += [["ip", "-n", self.ctl_ns, "link", "add", self.bridge, "type", "bridge"],
-                     ["ip", "-n", self.ctl_ns, "link", "set", self.bridge, "up"]]
+        for br in self.bridges:
+            cmds += [["ip", "-n", self.ns(br.host), "link", "add", br.name, "type", "bridge"],
+                     ["ip", "-n", self.ns(br.host), "link", "set", br.name, "up"]]
         for v in self.veths + self.ctl:
-            b_ns = self.ctl_ns if v.b.addr is None else self.ns(v.b.host)
             cmds.append(["ip", "link", "add", v.a.name, "netns", self.ns(v.a.host),
-                         "type", "veth", "peer", "name", v.b.name, "netns", b_ns])
-            for end, ns in ((v.a, self.ns(v.a.host)), (v.b, b_ns)):
-                if end.addr:
-                    cmds.append(["ip", "-n", ns, "addr", "add", f"{end.addr}/24", "dev", end.name])
-                else:
-                    cmds.append(["ip", "-n", ns, "link", "set", end.name, "master", self.bridge])
-                # Segment in the stack, not in the veth: the limiter then polices MTU-sized
-                # packets as the paper's limiters did, not 64 KB GSO bursts.
-                cmds.append(["ip", "netns", "exec", ns, "ethtool", "-K", end.name, "tso", "off", "gso", "off", "gro", "off"])
-                cmds.append(["ip", "-n", ns, "link", "set", end.name, "up"])
-        for host in self.exp.hosts:
-            if len(self.exp.neighbours(host)) > 1:
-                cmds.append(["ip", "netns", "exec", self.ns(host), "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+                         "type", "veth", "peer", "name", v.b.name, "netns", self.ns(v.b.host)])
+            cmds += self._end_commands(v.a) + self._end_commands(v.b)
+        cmds += [["ip", "netns", "exec", self.ns(h), "sysctl", "-qw", "net.ipv4.ip_forward=1"] for h in self.forwarding]
         cmds += [["ip", "-n", self.ns(r.host), "route", "add", r.dst, "via", r.via, *self.route_options()]
                  for r in self.routes]
-        if self.exp.rto_min_s:   # the connected subnets' routes too
-            cmds += [["ip", "-n", self.ns(end.host), "route", "replace", f"10.1.{i}.0/24", "dev", end.name,
-                      *self.route_options()] for i, v in enumerate(self.veths) for end in (v.a, v.b)]
+        if self.rto_min:   # the connected subnets' routes too
+            cmds += [cmd for v in self.veths for end in (v.a, v.b) for cmd in self._subnet_routes(end)]
         for v in self.veths:
-            if v.link.rate_Bps or v.link.delay_s or v.link.loss_pct:
+            if v.link and (v.link.rate_Bps or v.link.delay_s or v.link.loss_pct):
                 cmds += self.shaping_commands(v.link, v.link.rate_Bps)
         return cmds
 
-    @property
-    def rto_min(self) -> str | None:
-        """The experiment's TCP RTO floor in ip-route's syntax; None keeps the kernel's."""
-        return f"{self.exp.rto_min_s * 1e3:g}ms" if self.exp.rto_min_s else None
+    def _end_commands(self, end: Iface) -> list[list[str]]:
+        ns = self.ns(end.host)
+        cmds = []
+        if end.addr:
+            cmds.append(["ip", "-n", ns, "addr", "add", f"{end.addr}/24", "dev", end.name])
+        if end.addr6:
+            cmds.append(["ip", "-n", ns, "addr", "add", f"{end.addr6}/64", "dev", end.name, "nodad"])
+        if end.bridge:
+            cmds.append(["ip", "-n", ns, "link", "set", end.name, "master", end.bridge])
+        if not self.offload:
+            # Segment in the stack, not in the veth: the limiter then polices MTU-sized
+            # packets as the paper's limiters did, not 64 KB GSO bursts.
+            cmds.append(["ip", "netns", "exec", ns, "ethtool", "-K", end.name, "tso", "off", "gso", "off", "gro", "off"])
+        return cmds + [["ip", "-n", ns, "link", "set", end.name, "up"]]
+
+    def _subnet_routes(self, end: Iface) -> list[list[str]]:
+        """The kernel's routes to ``end``'s own subnets, replaced with the route options."""
+        ns, cmds = self.ns(end.host), []
+        if end.addr:
+            net = ipaddress.ip_interface(f"{end.addr}/24").network
+            cmds.append(["ip", "-n", ns, "route", "replace", str(net), "dev", end.name, *self.route_options()])
+        if end.addr6:   # metric 256: the kernel's own route for the prefix, which replace must hit
+            net6 = ipaddress.ip_interface(f"{end.addr6}/64").network
+            cmds.append(["ip", "-n", ns, "-6", "route", "replace", str(net6), "dev", end.name, "metric", "256",
+                         *self.route_options()])
+        return cmds
 
     def route_options(self) -> list[str]:
         """Per-route options every data route gets."""
@@ -169,6 +210,48 @@ class Plan:
                 for end, peer in (link.ends, link.ends[::-1])]
 
 
+# -- topologies from code -----------------------------------------------------------
+
+def pair(run: str, rto_min: str | None = None) -> Topology:
+    """``h1:eth0 <-> h2:eth0``, one veth pair."""
+    return Topology(run=run, hosts=("h1", "h2"), veths=(Veth(_station(1), _station(2)),), rto_min=rto_min)
+
+
+def star(n: int, run: str, rto_min: str | None = None) -> Topology:
+    """``h1`` .. ``h<n>``, each ``eth0`` on port ``h<i>`` of bridge ``br0`` in namespace ``sw``."""
+    ports = tuple(Veth(_station(i), Iface("sw", f"h{i}", None, bridge="br0")) for i in range(1, n + 1))
+    return Topology(run=run, hosts=tuple(f"h{i}" for i in range(1, n + 1)) + ("sw",), veths=ports,
+                    bridges=(Bridge("sw", "br0"),), rto_min=rto_min)
+
+
+def _station(i: int) -> Iface:
+    return Iface(f"h{i}", "eth0", f"10.0.0.{i}", f"fd00::{i}")
+
+
+# -- topologies from experiment files ------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(Topology):
+    """An experiment's network: its hosts and links, and a control network for the agents."""
+    exp: Experiment
+    central: bool
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.run}br"
+
+    def agent_ifaces(self) -> dict[str, Iface]:
+        """Where agents run: host -> the interface whose egress they limit (toward the sink)."""
+        exp = self.exp
+        if self.central:
+            hub = exp.neighbours(exp.sink)[0]
+            return {hub: self.iface(hub, exp.sink)}
+        return {h: self.iface(h, exp.route(h, exp.sink)[1]) for h in exp.limiters}
+
+    def ctl_address(self, host: str) -> str:
+        return next(v.a.addr for v in self.ctl if v.a.host == host)
+
+
 def plan(exp: Experiment, run: str | None = None, central: bool = False) -> Plan:
     run = run or new_run()
     counters: dict[str, int] = {}
@@ -184,11 +267,12 @@ def plan(exp: Experiment, run: str | None = None, central: bool = False) -> Plan
     veths = tuple(Veth(iface(l.a, f"10.1.{i}.1"), iface(l.b, f"10.1.{i}.2"), l) for i, l in enumerate(exp.links))
     agents = 1 if central else len(exp.limiters)
     ctl = () if agents < 2 else tuple(
-        Veth(Iface(h, f"{run}{h}-c", f"{CTL_NET}.{j + 1}"), Iface(h, f"{run}{h}-b", None))
+        Veth(Iface(h, f"{run}{h}-c", f"{CTL_NET}.{j + 1}"), Iface("ctl", f"{run}{h}-b", None, bridge=f"{run}br"))
         for j, h in enumerate(exp.limiters))
-    return Plan(run, exp, central, veths, ctl, _routes(exp, veths))
-
-
+    return Plan(run=run, exp=exp, central=central, hosts=tuple(exp.hosts) + (("ctl",) if ctl else ()),
+                veths=veths, ctl=ctl, bridges=(Bridge("ctl", f"{run}br"),) if ctl else (),
+                routes=_routes(exp, veths), forwarding=tuple(h for h in exp.hosts if len(exp.neighbours(h)) > 1),
+                rto_min=f"{exp.rto_min_s * 1e3:g}ms" if exp.rto_min_s else None, offload=False)
 def _routes(exp: Experiment, veths: tuple[Veth, ...]) -> tuple[Route, ...]:
     """Static routes along shortest paths: to every link subnet a host is not on."""
     def addr_on(host: str, peer: str) -> str:

@@ -1,28 +1,42 @@
-"""Fixtures for kernel tests: a fresh two-host network per test (tests/kernel/netns.py).
+"""Fixtures for kernel tests: every test builds its own Lab (lab/netns.py) from a code
+topology (lab/topology.py's ``pair``/``star``) under a run prefix of its own.
 
-``net`` skips with a reason when this machine cannot run kernel tests, and
-always removes its namespaces and processes, even when the test fails.
+``make_lab(topology)`` builds any topology; ``net`` is a fresh pair (h1 10.0.0.1
+<-> h2 10.0.0.2).  Both skip with a reason when this machine cannot run kernel
+tests, and every Lab removes its namespaces and processes afterwards, even
+when the test fails.
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
-from netns import Network, kernel_skip_reason, run_prefix
+from lab.netns import Lab
+from lab.preflight import skip_reason
+from lab.topology import new_run, pair
+from lab.traffic import iperf3_server
 
 
 @pytest.fixture
-def net():
-    reason = kernel_skip_reason()
+def make_lab():
+    """Factory: Lab(topology), built now and torn down after the test."""
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    with Network(run_prefix("dp")) as network:
-        yield network
+    with contextlib.ExitStack() as built:
+        yield lambda topology: built.enter_context(Lab(topology))
+
+
+@pytest.fixture
+def net(make_lab):
+    return make_lab(pair(new_run("dp")))
 
 
 @pytest.fixture
 def server(net):
     """An iperf3 server on h2 (10.0.0.2 / fd00::2)."""
-    with net.hosts[1].iperf3_server() as srv:
+    with iperf3_server(net.hosts[1]) as srv:
         yield srv
 
 

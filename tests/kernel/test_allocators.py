@@ -1,37 +1,29 @@
 """Each allocator through real agents: FPS flow join and bottlenecks, GDRL,
 fill-ratio, DQMP volume quotas and lease modes (000, 003, 004, 001, 002).
 
-Hosts h1..h3 run agents (node ids n1..n3); the last host is the sink.
+Hosts h1..h3 run agents (node ids h1..h3); the last host is the sink.
 Rates at the sink are L2 bytes, what the limiter counts.
 """
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 
 import pytest
 
-from agentctl import Agents, rx_bytes, sink_rate_bps, udp_blast
-from netns import WAN_RTO_MIN, Network, kernel_skip_reason, run_prefix, within
+from lab.agents import Cluster
+from lab.measure import rx_bytes, sink_rate_bps
+from lab.metrics import within
+from lab.topology import WAN_RTO_MIN, new_run, star
+from lab.traffic import iperf3_server, iperf3_start, udp_blast
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 
 @pytest.fixture
-def make_net():
-    reason = kernel_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    made = []
-
-    def make(n_hosts: int) -> Network:
-        made.append(Network(run_prefix("al"), n_hosts=n_hosts, rto_min=WAN_RTO_MIN).build())
-        return made[-1]
-
-    yield make
-    for net in made:
-        net.close()
+def make_net(make_lab):
+    """Factory: a star of n hosts (lab/topology.py) with TCP's WAN RTO floor."""
+    return lambda n_hosts: make_lab(star(n_hosts, new_run("al"), rto_min=WAN_RTO_MIN))
 
 
 def start_all(agents, limiters, allocator, global_, *extra):
@@ -41,16 +33,16 @@ def start_all(agents, limiters, allocator, global_, *extra):
 def test_fps_newcomer_flow_at_an_unused_limiter_gets_its_share_within_3s(make_net, tmp_path):
     net = make_net(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
-    agents = Agents(net, tmp_path)
+    agents = Cluster(net, tmp_path)
     running = start_all(agents, limiters, "fps", "12mbit", "--interval", "50ms")
     clients = []
     for k, (host, agent) in enumerate(zip(limiters, running), 1):
-        srv = sink.iperf3_server()
-        clients.append(host.iperf3_start(srv, seconds=30 - 6 * k, streams=1))
+        srv = iperf3_server(sink)
+        clients.append(iperf3_start(host, srv, seconds=30 - 6 * k, streams=1))
         time.sleep(2)
-        before = agents.status(agent)["passed_bytes"]
+        before = agent.status()["passed_bytes"]
         time.sleep(1)
-        rate = (agents.status(agent)["passed_bytes"] - before) * 8      # its third second
+        rate = (agent.status()["passed_bytes"] - before) * 8           # its third second
         assert rate >= 0.7 * 12e6 / k, (k, rate)     # fair share with k single-flow limiters; measured 0.95-1.16
         time.sleep(3)
     for c in clients:
@@ -60,17 +52,17 @@ def test_fps_newcomer_flow_at_an_unused_limiter_gets_its_share_within_3s(make_ne
 def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_net, tmp_path):
     net = make_net(4)
     h1, h2, sink1, sink2 = net.hosts
-    agents = Agents(net, tmp_path)
+    agents = Cluster(net, tmp_path)
     a1, a2 = start_all(agents, [h1, h2], "fps", "10mbit", "--interval", "50ms")
-    with sink1.iperf3_server() as s1, sink2.iperf3_server() as s2:
-        c1 = h1.iperf3_start(s1, seconds=20, streams=5)
-        c2 = h2.iperf3_start(s2, seconds=20, streams=5)
+    with iperf3_server(sink1) as s1, iperf3_server(sink2) as s2:
+        c1 = iperf3_start(h1, s1, seconds=20, streams=5)
+        c2 = iperf3_start(h2, s2, seconds=20, streams=5)
         time.sleep(6)
         # h1's flows now cross a 2 Mbit/s link downstream of their limiter (the switch's port to sink1)
-        _run_in(net.switch, "tc", "qdisc", "add", "dev", "h3", "root", "tbf",
-                "rate", "2mbit", "burst", "20kb", "latency", "50ms")
+        net.host("sw").run("tc", "qdisc", "add", "dev", "h3", "root", "tbf",
+                           "rate", "2mbit", "burst", "20kb", "latency", "50ms")
         capped = time.monotonic()
-        st = agents.wait_for(a2, lambda st: st["local_limit_bps"] >= 7e6, 8)
+        st = a2.wait_for(lambda st: st["local_limit_bps"] >= 7e6, 8)
         moved_s = time.monotonic() - capped
         rate2 = sink_rate_bps(sink2, 3)
         c1.wait(), c2.wait()
@@ -79,21 +71,17 @@ def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_net, tmp
     assert rate2 >= 6.5e6, rate2
 
 
-def _run_in(ns: str, *cmd: str) -> None:
-    subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True)
-
-
 @pytest.mark.parametrize("allocator", ["gdrl", "fillratio"])
 def test_diffusion_holds_the_limit_and_shifts_capacity_to_the_loaded_limiter(make_net, tmp_path, allocator):
     net = make_net(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
-    agents = Agents(net, tmp_path)
+    agents = Cluster(net, tmp_path)
     running = start_all(agents, limiters, allocator, "12mbit")
-    with sink.iperf3_server() as srv:
-        client = limiters[0].iperf3_start(srv, seconds=22, streams=4)
+    with iperf3_server(sink) as srv:
+        client = iperf3_start(limiters[0], srv, seconds=22, streams=4)
         time.sleep(10)                    # diffusion: a few rounds of pairwise transfers
         rate = sink_rate_bps(sink, 10)
-        limits = [agents.status(a)["local_limit_bps"] for a in running]
+        limits = [a.status()["local_limit_bps"] for a in running]
         client.wait()
     assert within(rate, 12e6, 0.10), rate
     # transfers conserve the total exactly; the three statuses are read ~0.1 s apart, so a
@@ -105,7 +93,7 @@ def test_diffusion_holds_the_limit_and_shifts_capacity_to_the_loaded_limiter(mak
 def test_dqmp_stops_the_class_when_the_volume_quota_is_used_up(make_net, tmp_path):
     net = make_net(3)
     h1, h2, sink = net.hosts
-    agents = Agents(net, tmp_path)
+    agents = Cluster(net, tmp_path)
     quota = 30_000_000
     running = start_all(agents, [h1, h2], "dqmp", "1gbit", "--quota", f"{quota}B/1d")
     before = rx_bytes(sink)
@@ -113,7 +101,7 @@ def test_dqmp_stops_the_class_when_the_volume_quota_is_used_up(make_net, tmp_pat
     for b in blasts:
         b.wait()
     received = rx_bytes(sink) - before
-    passed = sum(agents.status(a)["passed_bytes"] for a in running)
+    passed = sum(a.status()["passed_bytes"] for a in running)
     # Each tick reloads the allowance as granted - passed, with "passed" read at the tick's
     # start, so what passes between that read and the write (~1 ms) is allowed once more;
     # it does not accumulate (the next tick reads the true total).  Per limiter: one frame
@@ -124,23 +112,24 @@ def test_dqmp_stops_the_class_when_the_volume_quota_is_used_up(make_net, tmp_pat
     assert passed >= 0.9 * quota, passed                       # and the quota was usable
     for b in [udp_blast(h, sink.addr4, 25e6, 2) for h in (h1, h2)]:   # more demand: still nothing passes
         b.wait()
-    assert sum(agents.status(a)["passed_bytes"] for a in running) <= quota + burst
+    assert sum(a.status()["passed_bytes"] for a in running) <= quota + burst
 
 
 @pytest.mark.parametrize("mode, expected_bps", [("pessimistic", 0.0), ("optimistic", 3e6), ("safe", 4e6)])
 def test_lease_clients_apply_their_loss_mode_when_the_server_dies(make_net, tmp_path, mode, expected_bps):
     net = make_net(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
-    agents = Agents(net, tmp_path)
+    agents = Cluster(net, tmp_path)
     server, *clients = start_all(agents, limiters, "lease", "12mbit", "--on-lease-loss", mode)
-    with sink.iperf3_server() as s1, sink.iperf3_server() as s2:
-        loads = [h.iperf3_start(s, seconds=16, udp_bps=2.8e6, length=1200)
+    with iperf3_server(sink) as s1, iperf3_server(sink) as s2:
+        loads = [iperf3_start(h, s, seconds=16, udp_bps=2.8e6, length=1200)
                  for h, s in zip(limiters[1:], (s1, s2))]
         time.sleep(4)
-        assert all(agents.status(c)["allocator_state"]["lease_state"] == "valid" for c in clients)
-        agents.stop(server, signal.SIGKILL)
-        time.sleep(5 + 2)                                      # lease ttl 5 s, and a margin
-        states = [agents.status(c) for c in clients]
+        assert all(c.status()["allocator_state"]["lease_state"] == "valid" for c in clients)
+        server.kill(signal.SIGKILL)
+        killed = time.monotonic()
+        # until each lease has expired: ttl 5 s, and a margin, from the kill
+        states = [c.wait_for(_expired, max(0.0, killed + 5 + 2 - time.monotonic())) for c in clients]
         for load in loads:
             load.wait()
     for st in states:
@@ -149,3 +138,7 @@ def test_lease_clients_apply_their_loss_mode_when_the_server_dies(make_net, tmp_
             assert st["local_limit_bps"] == 0.0
         else:
             assert within(st["local_limit_bps"], expected_bps, 0.15), st["local_limit_bps"]
+
+
+def _expired(status: dict) -> bool:
+    return status["allocator_state"]["lease_state"] == "expired"

@@ -12,7 +12,9 @@ import pytest
 
 from agent.model import Mode
 from agent.classes import parse_class, parse_classes
-from netns import within
+from lab.measure import tc_show
+from lab.metrics import within
+from lab.traffic import iperf3, iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
 
@@ -26,22 +28,18 @@ def wire_rate(dp, seconds: float, class_id: int = 0) -> float:
     return (dp.read_counters()[class_id].passed_bytes - before) / seconds
 
 
-def tc_show(host, what: str) -> str:
-    return host.run("tc", what, "show", "dev", "eth0", *(["egress"] if what == "filter" else []))
-
-
 @pytest.mark.slow
 def test_bucket_holds_four_tcp_flows(net, server, datapath):
     dp = datapath()
     dp.set_class(0, Mode.BUCKET, rate_Bps=20 * MBIT)
-    result = net.hosts[0].iperf3(server, seconds=10, streams=4)
+    result = iperf3(net.hosts[0], server, seconds=10, streams=4)
     assert within(result.received_bps, 20e6, 0.10), result
 
 
 def test_random_drop_drops_its_probability(net, server, datapath):
     dp = datapath(classes=parse_classes(["proto=udp"]))
     dp.set_class(0, Mode.PASS)                # iperf3's one UDP handshake datagram must get through
-    client = net.hosts[0].iperf3_start(server, seconds=4, udp_bps=20e6, length=1000)
+    client = iperf3_start(net.hosts[0], server, seconds=4, udp_bps=20e6, length=1000)
     time.sleep(0.5)
     before = dp.read_counters()[0]
     dp.set_class(0, Mode.DROP, drop_probability=0.3)
@@ -56,7 +54,7 @@ def test_counters_match_iperf3_bytes(net, server, datapath):
     dp = datapath(classes=parse_classes(["proto=udp"]))
     dp.set_class(0, Mode.PASS)
     payload = 1200
-    result = net.hosts[0].iperf3(server, seconds=3, udp_bps=50e6, length=payload)
+    result = iperf3(net.hosts[0], server, seconds=3, udp_bps=50e6, length=payload)
     c = dp.read_counters()[0]
     frame = payload + 8 + 20 + 14            # UDP + IPv4 + Ethernet headers
     assert within(c.passed_packets, result.packets, 0.01), (c, result)
@@ -66,7 +64,7 @@ def test_counters_match_iperf3_bytes(net, server, datapath):
 def test_flow_table_sees_parallel_flows(net, server, datapath):
     dp = datapath()
     dp.set_class(0, Mode.PASS)
-    net.hosts[0].iperf3(server, seconds=3, streams=8)
+    iperf3(net.hosts[0], server, seconds=3, streams=8)
     flows = [f for f in dp.read_flows() if f.key.dport == server.port and f.key.proto == 6]
     assert len({f.key.sport for f in flows if f.bytes > 1_000_000}) == 8, flows   # + control connection
     total = sum(f.bytes for f in dp.read_flows() if f.class_id == 0)
@@ -76,7 +74,7 @@ def test_flow_table_sees_parallel_flows(net, server, datapath):
 def test_rate_change_takes_effect_within_a_second(net, server, datapath):
     dp = datapath()
     dp.set_class(0, Mode.BUCKET, rate_Bps=40 * MBIT)
-    client = net.hosts[0].iperf3_start(server, seconds=7, streams=4)
+    client = iperf3_start(net.hosts[0], server, seconds=7, streams=4)
     time.sleep(1.5)
     before = wire_rate(dp, 1.5)
     dp.set_class(0, Mode.BUCKET, rate_Bps=10 * MBIT)
@@ -90,7 +88,7 @@ def test_rate_change_takes_effect_within_a_second(net, server, datapath):
 def test_traffic_outside_the_class_is_not_limited(net, server, datapath):
     dp = datapath(classes=parse_classes(["proto=tcp,dport=5999"]))
     dp.set_class(0, Mode.BUCKET, rate_Bps=1 * MBIT)
-    result = net.hosts[0].iperf3(server, seconds=2)
+    result = iperf3(net.hosts[0], server, seconds=2)
     assert result.received_bps > 100e6, result
     assert dp.read_counters()[0].passed_packets == 0
     assert dp.read_bypass().passed_bytes > result.received_bytes
@@ -99,8 +97,8 @@ def test_traffic_outside_the_class_is_not_limited(net, server, datapath):
 def test_ipv6_class_is_limited_and_ipv4_is_not(net, server, datapath):
     dp = datapath(classes=parse_classes(["dst=fd00::2/128,proto=tcp"]))
     dp.set_class(0, Mode.BUCKET, rate_Bps=10 * MBIT)
-    v6 = net.hosts[0].iperf3(server, seconds=3, streams=2, ipv6=True)
-    v4 = net.hosts[0].iperf3(server, seconds=2)
+    v6 = iperf3(net.hosts[0], server, seconds=3, streams=2, ipv6=True)
+    v4 = iperf3(net.hosts[0], server, seconds=2)
     assert within(v6.received_bps, 10e6, 0.15), v6
     assert v4.received_bps > 100e6, v4
 
@@ -132,8 +130,8 @@ def test_detach_leaves_a_clsact_that_carries_other_filters(net, datapath):
 def test_two_cpus_do_not_overshoot_the_bucket(net, server, datapath):
     dp = datapath()
     dp.set_class(0, Mode.BUCKET, rate_Bps=20 * MBIT)
-    srv2 = net.hosts[1].iperf3_server()
-    clients = [net.hosts[0].iperf3_start(s, seconds=7, streams=2, cpu=cpu)
+    srv2 = iperf3_server(net.hosts[1])
+    clients = [iperf3_start(net.hosts[0], s, seconds=7, streams=2, cpu=cpu)
                for cpu, s in ((0, server), (1, srv2))]
     time.sleep(2)                              # past the initial full bucket
     rate = wire_rate(dp, 4)
@@ -146,9 +144,9 @@ def test_two_cpus_do_not_overshoot_the_bucket(net, server, datapath):
 def test_stale_config_falls_back_to_the_safe_rate(net, server, datapath):
     dp = datapath()
     dp.set_class(0, Mode.BUCKET, rate_Bps=100 * MBIT, safe_rate_Bps=5 * MBIT, timeout_s=2.0)
-    fresh = net.hosts[0].iperf3(server, seconds=1, streams=2)
+    fresh = iperf3(net.hosts[0], server, seconds=1, streams=2)
     time.sleep(1.5)                          # now the agent has been silent > 2 s
-    stale = net.hosts[0].iperf3(server, seconds=4, streams=4)
+    stale = iperf3(net.hosts[0], server, seconds=4, streams=4)
     assert fresh.received_bps > 50e6, fresh
     assert within(stale.received_bps, 5e6, 0.15), stale
 
@@ -156,7 +154,7 @@ def test_stale_config_falls_back_to_the_safe_rate(net, server, datapath):
 def test_zero_rate_still_lets_a_small_burst_through(net, server, datapath):
     dp = datapath(classes=parse_classes(["proto=udp"]), floor_rate_Bps=15_000)
     dp.set_class(0, Mode.BUCKET, rate_Bps=0)
-    client = net.hosts[0].iperf3_start(server, seconds=2, udp_bps=5e6, length=1000)
+    client = iperf3_start(net.hosts[0], server, seconds=2, udp_bps=5e6, length=1000)
     client.proc.wait()
     passed = dp.read_counters()[0].passed_bytes
     # a full bucket at start + 15 KB per second, never the 1.25 MB offered
@@ -166,7 +164,7 @@ def test_zero_rate_still_lets_a_small_burst_through(net, server, datapath):
 def test_quota_stops_the_class_when_used_up(net, server, datapath):
     dp = datapath(classes=parse_classes(["proto=udp"]))
     dp.set_class(0, Mode.PASS, quota_bytes=1_000_000)
-    net.hosts[0].iperf3(server, seconds=2, udp_bps=20e6, length=1000)
+    iperf3(net.hosts[0], server, seconds=2, udp_bps=20e6, length=1000)
     c = dp.read_counters()[0]
     assert 990_000 <= c.passed_bytes <= 1_000_000 and c.dropped_packets > 1000, c
     assert dp.read_quota(0) < 1042
@@ -175,8 +173,8 @@ def test_quota_stops_the_class_when_used_up(net, server, datapath):
 def test_exempt_gossip_port_is_never_policed(net, datapath):
     dp = datapath(classes=[parse_class("proto=udp")], exempt_udp_ports=[7946])
     dp.set_class(0, Mode.DROP, drop_probability=1.0)
-    with net.hosts[1].iperf3_server(port=7946) as gossip:
-        result = net.hosts[0].iperf3(gossip, seconds=1, udp_bps=10e6, length=1000)
+    with iperf3_server(net.hosts[1], port=7946) as gossip:
+        result = iperf3(net.hosts[0], gossip, seconds=1, udp_bps=10e6, length=1000)
     assert result.lost_packets == 0, result
     assert dp.read_counters()[0].passed_packets == 0
     assert dp.read_bypass().passed_packets >= result.packets

@@ -4,18 +4,17 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from lab.netns import Lab, clean, leftover_runs
+from lab.netns import Lab, clean, leftover_runs, poll
+from lab.preflight import skip_reason
 from lab.registry import resolve
 from lab.topology import plan
-from netns import kernel_skip_reason  # tests/kernel/netns.py (pytest puts tests/kernel on sys.path)
 
 pytestmark = pytest.mark.kernel
-REASON = kernel_skip_reason()
+REASON = skip_reason()
 if REASON:
     pytest.skip(REASON, allow_module_level=True)
 
@@ -49,7 +48,7 @@ def test_builder_builds_and_removes_everything(bottleneck_plan, tmp_path):
     with Lab(p) as lab:
         assert len(traces(p.run)["netns"]) == len(p.namespaces)
         lab.spawn("sink", ["iperf3", "-s", "-1"])
-        time.sleep(0.3)
+        assert poll(lambda: lab.host("sink").listening(5201), 5), "iperf3 server never listened"
         link = next(l for l in exp.links if set(l.ends) == {"s2", "l2"})
         lab.apply(p.shaping_commands(link, 2e6 / 8))
         qdiscs = subprocess.run(["tc", "-n", p.ns("l2"), "qdisc", "show"], capture_output=True, text=True).stdout
@@ -61,7 +60,7 @@ def test_builder_builds_and_removes_everything(bottleneck_plan, tmp_path):
         assert 1.0e6 < got_bps < 2.6e6
         # the web workload: server at l2 (responses cross its egress), fetching client at the sink
         lab.spawn("l2", [sys.executable, "-m", "lab.web", "serve", "--port", "5300"])
-        time.sleep(0.5)
+        assert poll(lambda: lab.host("l2").listening(5300), 5), "web server never listened"
         report = tmp_path / "web.json"
         subprocess.run(["ip", "netns", "exec", p.ns("sink"), sys.executable, "-m", "lab.web", "fetch",
                         "--server", f"{p.address('l2')}:5300", "--arrivals", "20", "--mean-size", "20000",

@@ -141,3 +141,21 @@ def test_agent_argv_is_accepted_by_drl_agent(name):
             argv = agent_argv(p, host, alloc, "/k", "/s")
             ctx = drl_agent.commands["up"].make_context("up", argv[2:])
             assert ctx.params["allocator"] == alloc and ctx.params["iface"] == p.agent_ifaces()[host].name
+
+
+def test_code_topologies_keep_the_kernel_tests_names():
+    from lab.topology import pair, star
+
+    s = star(3, run="dp0a1b", rto_min="10ms")
+    assert s.namespaces == ["dp0a1b-h1", "dp0a1b-h2", "dp0a1b-h3", "dp0a1b-sw"]
+    assert [(s.address(h), s.address6(h)) for h in ("h1", "h3", "sw")] == [
+        ("10.0.0.1", "fd00::1"), ("10.0.0.3", "fd00::3"), (None, None)]
+    cmds = s.build_commands()
+    assert ["ip", "-n", "dp0a1b-sw", "link", "set", "h2", "master", "br0"] in cmds
+    assert ["ip", "-n", "dp0a1b-h3", "-6", "route", "replace", "fd00::/64", "dev", "eth0", "metric", "256",
+            "rto_min", "10ms"] in cmds
+    assert not any("ethtool" in c for c in cmds), "code topologies keep the veth's offloads"
+    p = pair(run="dp0a1b")
+    assert p.build_commands()[4] == ["ip", "link", "add", "eth0", "netns", "dp0a1b-h1",
+                                     "type", "veth", "peer", "name", "eth0", "netns", "dp0a1b-h2"]
+    assert not any("route" in c for c in p.build_commands())

@@ -1,0 +1,65 @@
+"""What kernel tests and benchmarks read off a running Lab: rates at a sink, tc state, the 3:7 split.
+
+    rate = sink_rate_bps(sink, seconds=10)      # L2 bits/s arriving at the sink's eth0
+    run = three_to_seven(lab, a1, a2, sink, poll_s=1.0)
+    run.share, jain(run.stream_bytes)
+
+Rates are counted at the sink's interface (L2 bytes, what the limiter
+counts), so a +-10 % range has room for header accounting but not for a
+broken allocator.  (The lab's own runs sample the sink with
+lab/collector.py's SinkMeter on a fixed 100-ms grid.)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .agents import Agent
+from .netns import Host, Lab
+from .traffic import iperf3_server, iperf3_start
+
+
+def rx_bytes(host: Host) -> int:
+    return int(host.run("cat", "/sys/class/net/eth0/statistics/rx_bytes"))
+
+
+def sink_rate_bps(host: Host, seconds: float) -> float:
+    """L2 bits/s arriving on host's eth0 over the next ``seconds`` (what the limiter counts)."""
+    before = rx_bytes(host)
+    time.sleep(seconds)
+    return (rx_bytes(host) - before) * 8 / seconds
+
+
+def tc_show(host: Host, what: str) -> str:
+    """``tc qdisc``/``tc filter`` (egress) on host's eth0."""
+    return host.run("tc", what, "show", "dev", "eth0", *(["egress"] if what == "filter" else []))
+
+
+@dataclass
+class SplitRun:
+    """One run of FPS's 3:7 setting (three_to_seven)."""
+    share: float                 # the 3-flow limiter's mean limit over the sum of both means
+    sink_bps: float              # L2 bits/s at the sink over the measured 30 s
+    stream_bytes: tuple          # every flow's bytes (3 then 7), for Jain's index
+    statuses: list               # both agents' status at the end
+
+
+def three_to_seven(lab: Lab, a1: Agent, a2: Agent, sink: Host, poll_s: float) -> SplitRun:
+    """000 §5.1: 3 cubic flows leave a1's host, 7 leave a2's, for 38 s towards
+    ``sink``; after 6 s of warm-up the local limits are read every ``poll_s``
+    for 30 s (the kernel test and bench/split.py)."""
+    limits = []
+    with iperf3_server(sink) as s1, iperf3_server(sink) as s2:
+        c1 = iperf3_start(lab.host(a1.host), s1, seconds=38, streams=3)
+        c2 = iperf3_start(lab.host(a2.host), s2, seconds=38, streams=7)
+        time.sleep(6)
+        before = rx_bytes(sink)
+        started = time.monotonic()
+        while time.monotonic() - started < 30:
+            limits.append([a.status()["local_limit_bps"] for a in (a1, a2)])
+            time.sleep(poll_s)
+        rate = (rx_bytes(sink) - before) * 8 / (time.monotonic() - started)
+        statuses = [a.status() for a in (a1, a2)]
+        r1, r2 = c1.wait(), c2.wait()
+    l1, l2 = (sum(col) / len(col) for col in zip(*limits))
+    return SplitRun(l1 / (l1 + l2), rate, r1.stream_bytes + r2.stream_bytes, statuses)
