@@ -60,11 +60,13 @@ class Config:
         return 1 + len(self.peers)
 
 
-def build_config(opts: Mapping[str, Any]) -> Config:
-    """The click options of ``drl-agent up`` -> Config; raises ConfigError."""
-    if os.geteuid() != 0:
-        raise ConfigError("drl-agent must run as root (it loads BPF and changes tc on the interface)")
-    _check_iface(opts["iface"])
+def build_config(opts: Mapping[str, Any], check_host: bool = True) -> Config:
+    """The click options of ``drl-agent up`` -> Config; raises ConfigError.
+
+    ``check_host=False`` skips the checks of this machine (root, the interface), so
+    tests can build a Config for an Agent with an in-memory datapath."""
+    if check_host:
+        _check_host(opts["iface"])
     try:
         listen = parse_hostport(opts["listen"])
         peers = tuple(parse_peers(opts["peers"] or ""))
@@ -96,11 +98,13 @@ def _sample_probability(opts: Mapping[str, Any], allocator: Allocator) -> float:
     return getattr(allocator, "sample_probability", 1.0)
 
 
-def _check_iface(name: str) -> None:
+def _check_host(iface: str) -> None:
+    if os.geteuid() != 0:
+        raise ConfigError("drl-agent must run as root (it loads BPF and changes tc on the interface)")
     try:
-        socket.if_nametoindex(name)
+        socket.if_nametoindex(iface)
     except OSError:
-        raise ConfigError(f"no interface named {name!r} (see `ip link`)") from None
+        raise ConfigError(f"no interface named {iface!r} (see `ip link`)") from None
 
 
 def _key(opts: Mapping[str, Any]) -> bytes | None:

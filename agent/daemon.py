@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from agent.config import Config
 from agent.control import ControlError, ControlServer
@@ -68,13 +68,32 @@ def run(config: Config) -> int:
         return agent.serve()
 
 
+def udp_transport(cfg: Config) -> UdpTransport:
+    """The gossip transport the agent runs with: UDP on ``--listen``."""
+    return UdpTransport.bind(cfg.listen, [p.addr for p in cfg.peers], node_id=cfg.node_id, cluster=CLUSTER,
+                             key=cfg.key, branching=cfg.branching, incarnation=new_incarnation())
+
+
+def kernel_datapath(cfg: Config, gossip_port: int) -> Datapath:
+    """The datapath the agent runs with, on ``--iface``; our own gossip is never policed."""
+    return Datapath(cfg.iface, cfg.classes, class_ids=[CLASS_ID] * len(cfg.classes), max_flows=cfg.max_flows,
+                    exempt_udp_ports=(gossip_port,))
+
+
 class Agent:
-    def __init__(self, config: Config):
+    """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
+    build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
+    datapath needs attach, close, set_class, set_sample_probability, read_counters and
+    read_flows; a transport address, resolved, peer_addrs, stats, poll, publish, send,
+    close (and sock, for ``serve``)."""
+
+    def __init__(self, config: Config, transport: Callable[[Config], Any] = udp_transport,
+                 datapath: Callable[[Config, int], Any] = kernel_datapath):
         self.cfg = config
         self.alloc = config.allocator
         self._stack = contextlib.ExitStack()
         try:
-            self._acquire()
+            self._acquire(transport, datapath)
         except (ControlError, TransportError, DatapathError, StateFileError) as e:
             self._stack.close()
             raise StartupError(str(e)) from None
@@ -88,13 +107,12 @@ class Agent:
         self.last: tuple[Snapshot, Step, Counters] | None = None
         self._facts: dict[str, Any] = {}
 
-    def _acquire(self) -> None:
+    def _acquire(self, transport: Callable[[Config], Any], datapath: Callable[[Config, int], Any]) -> None:
         """Sockets, state and BPF, in the order that leaves nothing attached if one fails."""
         cfg = self.cfg
         self.control = ControlServer(cfg.socket_path)
         self._stack.callback(self.control.close)
-        self.transport = UdpTransport.bind(cfg.listen, [p.addr for p in cfg.peers], node_id=cfg.node_id, cluster=CLUSTER,
-                                      key=cfg.key, branching=cfg.branching, incarnation=new_incarnation())
+        self.transport = transport(cfg)
         self._stack.callback(self.transport.close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
         self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names)
@@ -103,8 +121,7 @@ class Agent:
         self.state = self.statefile.load() if self.statefile else None
         if self.state is None:
             self.state = self.alloc.initial_state(cfg.node_id, members)
-        self.dp = Datapath(cfg.iface, cfg.classes, class_ids=[CLASS_ID] * len(cfg.classes), max_flows=cfg.max_flows,
-                           exempt_udp_ports=(self.transport.address[1],))
+        self.dp = datapath(cfg, self.transport.address[1])
         self._stack.callback(self.dp.close)
         self.dp.set_sample_probability(cfg.sample_probability)
         self.dp.attach()
@@ -147,7 +164,7 @@ class Agent:
 
     def _selector(self) -> tuple[selectors.BaseSelector, socket.socket]:
         sel = selectors.DefaultSelector()
-        sel.register(self.transport.sock, selectors.EVENT_READ, self._receive)
+        sel.register(self.transport.sock, selectors.EVENT_READ, self.receive)
         sel.register(self.control, selectors.EVENT_READ, self._serve_control)
         rx, tx = socket.socketpair()
         rx.setblocking(False)
@@ -164,7 +181,8 @@ class Agent:
         log.info("event=signal name=%s", signal.Signals(signum).name)
         self.stopping = True
 
-    def _receive(self) -> None:
+    def receive(self) -> None:
+        """Hand every datagram that arrived to membership, and point-to-point ones to the inbox."""
         now = time.monotonic()
         for rx in self.transport.poll(now):
             self.members.observe(rx, now)
@@ -224,7 +242,7 @@ class Agent:
                "global_limit_bps": to_bps(cfg.global_Bps), "safe_rate_bps": to_bps(cfg.safe_Bps),
                "gossip": self.transport.stats.as_dict(now), "peers": self.members.status(now)}
         if self.last is None:
-            snap, d, c, local = None, Decision(Mode.PASS), Counters(), Local(0.0)
+            snap, d, c, local = None, Decision(Mode.PASS, 0.0), Counters(), Local(0.0)
         else:
             snap, step, c = self.last
             d, local = step.decision, snap.local
