@@ -254,7 +254,7 @@ class Agent:
             "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
             "passed_bytes": c.passed_bytes, "passed_packets": c.passed_packets,
             "dropped_bytes": c.dropped_bytes, "dropped_packets": c.dropped_packets,
-            "quota_bytes_left": d.quota_bytes, "allocator_state": _jsonable(d.info)})
+            "quota_bytes_left": d.quota_bytes, "allocator_state": _allocator_state(d.info)})
         return out
 
 
@@ -267,8 +267,20 @@ def _local_limit(d: Decision, local: Local) -> float:
     return local.demand_Bps
 
 
-def _jsonable(info: Any) -> Any:
-    return json.loads(json.dumps(info, default=str))
+def _allocator_state(info: Any) -> Any:
+    """Decision.info as drlctl shows it: JSON values, and rates in bits/s like the rest of
+    the status.  Allocators keep bytes/s (``*_Bps``); each such key, nested ones too,
+    becomes ``*_bps`` with 8x the value."""
+    return json.loads(json.dumps(info, default=str), object_hook=_in_bits)
+
+
+def _in_bits(d: dict) -> dict:
+    out = {}
+    for key, value in d.items():
+        if key.endswith("_Bps"):
+            key, value = key.removesuffix("_Bps") + "_bps", None if value is None else to_bps(value)
+        out[key] = value
+    return out
 
 
 class StateFileError(Exception):

@@ -152,7 +152,7 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
 
     info: dict[str, Any] = {"indicator": alloc.indicator, "q": q_own, "eta": state.eta, "capacity_Bps": led.holding,
                             "accountable_Bps": led.accountable, "claimed": sorted(led.claimed),
-                            "neighbours": link_info(led, snap.view)}
+                            "neighbours": link_info(led, snap.view, unit="_Bps")}
     if alloc.indicator == "fillratio":
         info["fill_ratio"] = -q_own
     if state.eta > _bound(len(state.neighbours)):

@@ -220,10 +220,11 @@ def claim_endowments(led: Ledger, node_id: str, genesis: tuple[str, ...], total:
     return dataclasses.replace(led, holding=led.holding + extra, claimed=led.claimed | gained)
 
 
-def link_info(led: Ledger, view: PeerView) -> dict[str, dict[str, Any]]:
-    """Per-peer counters for ``drlctl status``."""
-    return {peer: {"alive": is_alive(view, peer), "net": link.net, "sent_total": link.sent_total,
-                   "applied_total": link.applied_total, "unacked": link.unacked}
+def link_info(led: Ledger, view: PeerView, unit: str = "") -> dict[str, dict[str, Any]]:
+    """Per-peer counters for ``drlctl status``; ``unit`` suffixes the amounts' keys
+    (``"_Bps"`` for a rate, which the status shows in bits/s)."""
+    return {peer: {"alive": is_alive(view, peer), f"net{unit}": link.net, f"sent_total{unit}": link.sent_total,
+                   f"applied_total{unit}": link.applied_total, "unacked": link.unacked}
             for peer, link in sorted(led.links.items())}
 
 

@@ -175,6 +175,35 @@ def test_status_has_the_documented_keys_before_and_after_a_tick(tmp_path):
     assert before["mode"] == "pass" and after["allocator_state"]
 
 
+def keys(tree) -> set[str]:
+    """Every key of a JSON tree, nested ones too."""
+    if isinstance(tree, dict):
+        return set(tree) | {k for v in tree.values() for k in keys(v)}
+    return set().union(*map(keys, tree)) if isinstance(tree, list) else set()
+
+
+@pytest.mark.parametrize("allocator, rate_key", [("grd", "global_limit"), ("gtb", "remote"),
+                                                 ("gdrl", "capacity"), ("fps", "share")])
+def test_allocator_state_rates_are_bits_per_second(tmp_path, allocator, rate_key):
+    cfg = config(tmp_path, "--global", "10mbit", "--allocator", allocator, "--peers", "b@10.0.0.2:7470",
+                 "--peer-timeout", "1h")
+    dp = FakeDatapath()
+    peer = GossipCore("b", CLUSTER, None, PeerList([cfg.listen]), 1, incarnation=1)
+    with agent(cfg, dp) as a:
+        t0 = time.monotonic()
+        for k in range(3):
+            a.transport.arrive(peer.publish({CLASS_ID: 1e6}, t0 + k), B)   # gdrl: b is short, a gives
+            a.receive()
+            dp.send(500_000)
+            a.tick(t0 + k)
+        info = a.last[1].decision.info
+        state = a.status()["allocator_state"]
+    assert not any(k.endswith("_Bps") for k in keys(state)), state
+    assert state[f"{rate_key}_bps"] == 8 * info[f"{rate_key}_Bps"]
+    if allocator == "gdrl":
+        assert {"net_bps", "sent_total_bps", "applied_total_bps"} <= set(state["neighbours"]["b"])
+
+
 def test_dqmp_state_file_is_written_every_tick_and_restored(tmp_path):
     cfg = config(tmp_path, "--global", "10mbit", "--allocator", "dqmp", "--quota", "1GB/1d",
                  "--peers", "b@10.0.0.2:7470")
