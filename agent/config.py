@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import socket
+import zlib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from agent.allocators import allocator_class, create
 from agent.allocators.common import ParameterError
@@ -32,11 +33,31 @@ class ConfigError(Exception):
     """One line for the user; nothing has been attached when it is raised."""
 
 
+def class_key(name: str) -> int:
+    """A class's name on the wire: CRC-32 of the name, the same on every agent."""
+    return zlib.crc32(name.encode())
+
+
+@dataclass(frozen=True)
+class ClassConf:
+    """One class (tenant) as configured: --global/--class or a [[class]] table (docs/config.md)."""
+    name: str
+    global_Bps: float                 # as configured; agent/limits.py decides the limit in force
+    allocator: Allocator
+    rules: tuple[ClassRule, ...]      # () = every IP packet
+    burst_bytes: int | None
+    safe_Bps: float | None            # None = global/N
+    ewma: float
+    flow_ewma: float
+
+    @property
+    def key(self) -> int:
+        return class_key(self.name)
+
+
 @dataclass(frozen=True)
 class Config:
     iface: str
-    global_Bps: float
-    allocator: Allocator
     node_id: str
     listen: HostPort
     peers: tuple[Peer, ...]
@@ -44,58 +65,93 @@ class Config:
     interval_s: float
     branching: int
     peer_timeout_s: float
-    burst_bytes: int | None
-    classes: tuple[ClassRule, ...]
+    classes: tuple[ClassConf, ...]
     socket_path: str
-    safe_Bps: float
     failsafe_s: float
-    ewma: float
-    flow_ewma: float
     sample_probability: float
     max_flows: int
+    max_classes: int
     state_dir: str
+    reload: Callable[[], tuple[ClassConf, ...]] | None = None   # re-reads --config; raises ConfigError
 
     @property
     def n_nodes(self) -> int:
         return 1 + len(self.peers)
 
+    @property
+    def standalone(self) -> bool:
+        """No peers: nothing to gossip with, so no socket and no key."""
+        return not self.peers
 
-def build_config(opts: Mapping[str, Any], check_host: bool = True) -> Config:
-    """The click options of ``drl-agent up`` -> Config; raises ConfigError.
+
+def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] | None = None,
+                 check_host: bool = True) -> Config:
+    """``drl-agent up``'s agent-wide options and one option dict per class -> Config;
+    raises ConfigError.  ``classes=None``: the one class ``default`` from ``opts``
+    (--global, --class and the class options).
 
     ``check_host=False`` skips the checks of this machine (root, the interface), so
     tests can build a Config for an Agent with an in-memory datapath."""
+    if not opts["iface"]:
+        raise ConfigError("no interface: give --iface IFACE (or iface in the config file's [agent])")
     if check_host:
         _check_host(opts["iface"])
     try:
         listen = parse_hostport(opts["listen"])
         peers = tuple(parse_peers(opts["peers"] or ""))
-        classes = tuple(parse_classes(opts["class_specs"]))
-    except (AddressError, ClassSpecError) as e:
+    except AddressError as e:
         raise ConfigError(str(e)) from None
     node_id = opts["node_id"]
     if not node_id or any(p.node_id == node_id for p in peers):
         raise ConfigError(f"node id {node_id!r} must be non-empty and differ from every peer's")
-    n_nodes = 1 + len(peers)
-    allocator = _allocator(opts, peers, n_nodes)
     interval_s = opts["interval_s"]
+    confs = build_classes(opts, [{**opts, "name": "default"}] if classes is None else classes, peers,
+                          opts["max_classes"])
     return Config(
-        iface=opts["iface"], global_Bps=opts["global_Bps"], allocator=allocator, node_id=node_id,
-        listen=listen, peers=peers, key=_key(opts), interval_s=interval_s, branching=opts["branching"],
+        iface=opts["iface"], node_id=node_id, listen=listen, peers=peers, key=_key(opts, peers),
+        interval_s=interval_s, branching=opts["branching"],
         peer_timeout_s=opts["peer_timeout_s"] or liveness_timeout(interval_s, len(peers), opts["branching"]),
-        burst_bytes=opts["burst_bytes"], classes=classes, socket_path=opts["socket_path"],
-        safe_Bps=opts["safe_Bps"] if opts["safe_Bps"] is not None else opts["global_Bps"] / n_nodes,
-        failsafe_s=max(FAILSAFE_MIN_S, FAILSAFE_INTERVALS * interval_s), ewma=opts["ewma"],
-        flow_ewma=opts["flow_ewma"],
-        sample_probability=_sample_probability(opts, allocator), max_flows=opts["max_flows"],
-        state_dir=opts["state_dir"])
+        classes=confs, socket_path=opts["socket_path"],
+        failsafe_s=max(FAILSAFE_MIN_S, FAILSAFE_INTERVALS * interval_s),
+        sample_probability=_sample_probability(opts, confs), max_flows=opts["max_flows"],
+        max_classes=opts["max_classes"], state_dir=opts["state_dir"])
 
 
-def _sample_probability(opts: Mapping[str, Any], allocator: Allocator) -> float:
-    """FPS samples flows (its resampleprob); the others see every flow unless told."""
+def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]], peers: tuple[Peer, ...],
+                  max_classes: int) -> tuple[ClassConf, ...]:
+    """Each class's options -> ClassConf, checked; raises ConfigError naming the class."""
+    if len(classes) > max_classes:
+        raise ConfigError(f"{len(classes)} classes, at most {max_classes} (--max-classes)")
+    confs = tuple(_class(opts["node_id"], c, peers) for c in classes)
+    keys: dict[int, str] = {}
+    for c in confs:
+        if keys.setdefault(c.key, c.name) != c.name:
+            raise ConfigError(f"classes {keys[c.key]!r} and {c.name!r} have the same CRC-32; rename one")
+    return confs
+
+
+def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...]) -> ClassConf:
+    where = "" if c["name"] == "default" else f"class {c['name']!r}: "
+    if c.get("global_Bps") is None:
+        raise ConfigError(f"{where}missing global limit (--global RATE)")
+    try:
+        rules = tuple(parse_classes(c["class_specs"]))
+    except ClassSpecError as e:
+        raise ConfigError(f"{where}{e}") from None
+    try:
+        allocator = _allocator(node_id, c, peers)
+    except ConfigError as e:
+        raise ConfigError(f"{where}{e}") from None
+    return ClassConf(name=c["name"], global_Bps=c["global_Bps"], allocator=allocator, rules=rules,
+                     burst_bytes=c["burst_bytes"], safe_Bps=c["safe_Bps"], ewma=c["ewma"], flow_ewma=c["flow_ewma"])
+
+
+def _sample_probability(opts: Mapping[str, Any], classes: tuple[ClassConf, ...]) -> float:
+    """FPS samples flows (its resampleprob); the others see every flow unless told.  The
+    flow table is shared by all classes, so the smallest any allocator asks for."""
     if opts["sample_probability"] is not None:
         return opts["sample_probability"]
-    return getattr(allocator, "sample_probability", 1.0)
+    return min(getattr(c.allocator, "sample_probability", 1.0) for c in classes)
 
 
 def _check_host(iface: str) -> None:
@@ -107,11 +163,11 @@ def _check_host(iface: str) -> None:
         raise ConfigError(f"no interface named {iface!r} (see `ip link`)") from None
 
 
-def _key(opts: Mapping[str, Any]) -> bytes | None:
+def _key(opts: Mapping[str, Any], peers: tuple[Peer, ...]) -> bytes | None:
     if opts["key_file"] and opts["insecure"]:
         raise ConfigError("give either --key-file or --insecure, not both")
-    if opts["insecure"]:
-        return None
+    if opts["insecure"] or (not peers and not opts["key_file"]):
+        return None                      # a lone limiter has nothing to authenticate
     if not opts["key_file"]:
         raise ConfigError("gossip needs a cluster key: --key-file PATH (or --insecure to run unauthenticated)")
     try:
@@ -120,18 +176,19 @@ def _key(opts: Mapping[str, Any]) -> bytes | None:
         raise ConfigError(str(e)) from None
 
 
-def _allocator(opts: Mapping[str, Any], peers: tuple[Peer, ...], n_nodes: int) -> Allocator:
+def _allocator(node_id: str, opts: Mapping[str, Any], peers: tuple[Peer, ...]) -> Allocator:
     name = opts["allocator"]
     if getattr(allocator_class(name), "needs_member_ids", False):
         unnamed = [p for p in peers if not p.node_id]
         if unnamed:
             raise ConfigError(f"--allocator {name} needs every peer's node id: write --peers ID@HOST:PORT,...")
     quota_bytes, period_s = opts["quota"] or (None, None)
-    params = dict(opts, quota_bytes=quota_bytes, period_s=period_s, servers=opts["lease_servers"] or None)
+    params = {k: v for k, v in opts.items() if k != "name"}     # the class's name is not the allocator's
+    params.update(quota_bytes=quota_bytes, period_s=period_s, servers=opts["lease_servers"] or None)
     try:
         allocator = create(name, **params)
-        members = tuple(sorted([opts["node_id"], *(p.node_id or f"?{i}" for i, p in enumerate(peers))]))
-        allocator.initial_state(opts["node_id"], members)   # graphs, lease servers: fail now, not mid-run
+        members = tuple(sorted([node_id, *(p.node_id or f"?{i}" for i, p in enumerate(peers))]))
+        allocator.initial_state(node_id, members)   # graphs, lease servers: fail now, not mid-run
     except ParameterError as e:
         raise ConfigError(f"--allocator {name}: {e}") from None
     return allocator

@@ -2,6 +2,10 @@
 
     {"cmd": "status"}  ->  {"ok": true, "status": {...}}
     {"cmd": "down"}    ->  {"ok": true}            (the agent then detaches and exits)
+    {"cmd": "reload"}  ->  {"ok": true, "added": [...], "changed": [...], "removed": [...]}
+    {"cmd": "set", "class": "gold", "global": "100mbit"}
+                       ->  {"ok": true, "class": "gold", "global_limit_bps": 1e8, "limit_version": 3}
+    anything refused   ->  {"ok": false, "error": "one line"}
 
 ``drlctl`` and ``drl-agent down`` are the clients (:func:`request`); the daemon
 owns a :class:`ControlServer` and polls it from its tick loop, so a request
@@ -24,13 +28,13 @@ class ControlError(Exception):
     """One line for the user: no agent at that socket, bad reply, ..."""
 
 
-def request(path: str, cmd: str, timeout_s: float = 3.0) -> dict:
-    """Send one command to the agent at ``path`` and return its reply."""
+def request(path: str, cmd: str, timeout_s: float = 3.0, **args) -> dict:
+    """Send one command (with its ``args``) to the agent at ``path`` and return its reply."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
         s.connect(path)
-        s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
+        s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
         s.shutdown(socket.SHUT_WR)
         data = b"".join(iter(lambda: s.recv(65536), b""))
     except FileNotFoundError:
@@ -75,7 +79,7 @@ class ControlServer:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def handle_one(self, handlers: dict[str, Callable[[], dict]]) -> None:
+    def handle_one(self, handlers: dict[str, Callable[[dict], dict]]) -> None:
         try:
             conn, _ = self.sock.accept()
         except BlockingIOError:
@@ -84,9 +88,9 @@ class ControlServer:
             conn.settimeout(1.0)
             try:
                 raw = conn.recv(MAX_REQUEST)
-                cmd = json.loads(raw or b"{}").get("cmd")
-                handler = handlers.get(cmd)
-                reply = handler() if handler else {"ok": False, "error": f"unknown command {cmd!r}"}
+                req = json.loads(raw or b"{}")
+                handler = handlers.get(req.get("cmd"))
+                reply = handler(req) if handler else {"ok": False, "error": f"unknown command {req.get('cmd')!r}"}
                 conn.sendall(json.dumps(reply).encode())
             except (OSError, ValueError, AttributeError):
                 pass  # a broken client must not stop the agent

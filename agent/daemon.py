@@ -1,28 +1,37 @@
-"""The agent's tick loop: kernel maps -> estimator -> allocator -> maps + gossip.
+"""The agent's tick loop: kernel maps -> estimator -> allocators -> maps + gossip.
 
     run(build_config(opts))      # what `drl-agent up` does; returns the exit code
 
-Every ``interval_s`` one tick reads the class counters and the flow table,
-estimates demand (agent/estimator.py), hands a Snapshot to the pure allocator
-and writes its Decision to the kernel, then gossips the published value and
-sends the allocator's point-to-point messages.  Between ticks the loop waits
-on the gossip socket (datagrams are validated and handed to membership as
-they arrive, so liveness is exact and the socket buffer never fills), the
-control socket (drlctl) and the signal pipe (SIGTERM/SIGINT).
+Every ``interval_s`` one tick reads every class's counters and the flow table,
+estimates each class's demand (agent/estimator.py), hands each class's
+Snapshot to its pure allocator and writes the Decision to the kernel, then
+gossips all classes' published values together (agent/gossip.py batches
+them) and sends the allocators' point-to-point messages.  Between ticks the
+loop waits on the gossip socket (datagrams are validated and handed to
+membership as they arrive, so liveness is exact and the socket buffer never
+fills), the control socket (drlctl, drl-agent down/reload) and the signal
+pipe (SIGTERM/SIGINT stop, SIGHUP reloads the config file).
 
-Every tick rewrites the class config, stamped by the kernel clock: if this
+Classes live in a :class:`~agent.tenants.ClassTable`; their global limits
+and versions in a :class:`~agent.limits.LimitBook`: a ``drlctl set`` or a
+changed config file makes a new version, which gossip announces to every
+peer, and a peer still on an older version is told the newer one.
+
+Every tick rewrites the class configs, stamped by the kernel clock: if this
 process stops ticking (hung, killed -9) the datapath falls back to the safe
 rate after ``failsafe_s`` (bpf/limiter.c).  Startup acquires the sockets
 before it attaches, and every exit path detaches: nothing stays on the
 interface after an error.  Logs are one line per state change (start, peer
-alive/stale, mode, allocator warnings, stop), in key=value form.
+alive/stale, mode, allocator warnings, limit changes, reloads, stop), in
+key=value form.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import json
 import logging
-import os
 import selectors
 import signal
 import socket
@@ -31,20 +40,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from agent.config import Config
+from agent.classify import ClassifyError
+from agent.config import Config, ConfigError
 from agent.control import ControlError, ControlServer
 from agent.datapath import Counters, Datapath, DatapathError, now_ns
-from agent.estimator import Estimator
-from agent.gossip import new_incarnation
+from agent.gossip import Outgoing, Received, new_incarnation
+from agent.limits import Limit, LimitBook, LimitBookError
 from agent.membership import Membership
-from agent.model import Decision, Local, Mode, Snapshot, Step, effective_limit
-from agent.transport import TransportError, UdpTransport
-from agent.units import format_rate, to_bps
+from agent.model import Decision, Local, Mode, Snapshot, effective_limit
+from agent.tenants import ClassRun, ClassTable, StateFileError
+from agent.transport import Standalone, TransportError, UdpTransport
+from agent.units import format_rate, parse_rate, to_bps, UnitError
+from agent.wire import Batch, LimitNote
 
 log = logging.getLogger("drl.agent")
 
 CLUSTER = "drl"     # one cluster per key; the header field keeps two keyed clusters apart on one port
-CLASS_ID = 0        # every --class spec feeds one limited class (README: traffic classes)
 
 
 class StartupError(Exception):
@@ -68,46 +79,44 @@ def run(config: Config) -> int:
         return agent.serve()
 
 
-def udp_transport(cfg: Config) -> UdpTransport:
-    """The gossip transport the agent runs with: UDP on ``--listen``."""
+def udp_transport(cfg: Config) -> UdpTransport | Standalone:
+    """The gossip transport the agent runs with: UDP on ``--listen``, or none without peers."""
+    if cfg.standalone:
+        return Standalone()
     return UdpTransport.bind(cfg.listen, [p.addr for p in cfg.peers], node_id=cfg.node_id, cluster=CLUSTER,
                              key=cfg.key, branching=cfg.branching, incarnation=new_incarnation())
 
 
-def kernel_datapath(cfg: Config, gossip_port: int) -> Datapath:
+def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
     """The datapath the agent runs with, on ``--iface``; our own gossip is never policed."""
-    return Datapath(cfg.iface, cfg.classes, class_ids=[CLASS_ID] * len(cfg.classes), max_flows=cfg.max_flows,
-                    exempt_udp_ports=(gossip_port,))
+    return Datapath(cfg.iface, max_flows=cfg.max_flows, max_classes=cfg.max_classes,
+                    exempt_udp_ports=() if gossip_port is None else (gossip_port,))
 
 
 class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
-    datapath needs attach, close, set_class, set_sample_probability, read_counters and
-    read_flows; a transport address, resolved, peer_addrs, stats, poll, publish, send,
-    close (and sock, for ``serve``)."""
+    datapath needs attach, close, set_class, set_rules, reset_class, set_sample_probability,
+    read_counters and read_flows; a transport address, resolved, peer_addrs, stats, poll,
+    publish, announce, send, close (and sock, for ``serve``)."""
 
     def __init__(self, config: Config, transport: Callable[[Config], Any] = udp_transport,
-                 datapath: Callable[[Config, int], Any] = kernel_datapath):
+                 datapath: Callable[[Config, int | None], Any] = kernel_datapath):
         self.cfg = config
-        self.alloc = config.allocator
         self._stack = contextlib.ExitStack()
         try:
             self._acquire(transport, datapath)
-        except (ControlError, TransportError, DatapathError, StateFileError) as e:
+        except (ControlError, TransportError, DatapathError, StateFileError, LimitBookError, ValueError) as e:
             self._stack.close()
             raise StartupError(str(e)) from None
         except BaseException:
             self._stack.close()
             raise
-        self.estimator = Estimator(ewma=config.ewma, flow_ewma=config.flow_ewma)
-        self.inbox: list = []
         self.stopping = False
         self.started = time.monotonic()
-        self.last: tuple[Snapshot, Step, Counters] | None = None
         self._facts: dict[str, Any] = {}
 
-    def _acquire(self, transport: Callable[[Config], Any], datapath: Callable[[Config, int], Any]) -> None:
+    def _acquire(self, transport: Callable[[Config], Any], datapath: Callable[[Config, int | None], Any]) -> None:
         """Sockets, state and BPF, in the order that leaves nothing attached if one fails."""
         cfg = self.cfg
         self.control = ControlServer(cfg.socket_path)
@@ -116,15 +125,17 @@ class Agent:
         self._stack.callback(self.transport.close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
         self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names)
-        self.statefile = StateFile.for_allocator(self.alloc, cfg)
-        members = self.members.view(CLASS_ID, time.monotonic()).members
-        self.state = self.statefile.load() if self.statefile else None
-        if self.state is None:
-            self.state = self.alloc.initial_state(cfg.node_id, members)
-        self.dp = datapath(cfg, self.transport.address[1])
+        self.book = LimitBook(Path(cfg.state_dir) / f"limits-{cfg.node_id}.json")
+        self.dp = datapath(cfg, self.transport.address[1] if self.transport.address else None)
         self._stack.callback(self.dp.close)
+        self.table = ClassTable(self.dp, self.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
+                                max_classes=cfg.max_classes)
+        self.table.apply(cfg.classes, self._member_ids(), cfg.n_nodes)
         self.dp.set_sample_probability(cfg.sample_probability)
         self.dp.attach()
+
+    def _member_ids(self) -> tuple[str, ...]:
+        return self.members.view(0, time.monotonic()).members
 
     def __enter__(self) -> "Agent":
         return self
@@ -140,9 +151,14 @@ class Agent:
 
     def serve(self) -> int:
         cfg = self.cfg
-        log.info("event=started node=%s iface=%s allocator=%s global=%s peers=%d listen=%s:%d interval_ms=%g auth=%s",
-                 cfg.node_id, cfg.iface, self.alloc.name, format_rate(cfg.global_Bps), len(cfg.peers),
-                 *self.transport.address, cfg.interval_s * 1000, "hmac-sha256" if cfg.key else "none")
+        first = next(iter(self.table))
+        log.info("event=started node=%s iface=%s classes=%d allocator=%s global=%s peers=%d listen=%s "
+                 "interval_ms=%g auth=%s", cfg.node_id, cfg.iface, len(self.table), first.conf.allocator.name,
+                 _quoted(format_rate(self.book.get(first.name).global_Bps)), len(cfg.peers),
+                 _listen(self.transport.address) or "none", cfg.interval_s * 1000,
+                 "hmac-sha256" if cfg.key else "none")
+        if cfg.standalone:
+            log.info("event=standalone gossip=off reason=no_peers")
         sel, wakeup = self._selector()
         next_tick = time.monotonic()
         try:
@@ -164,98 +180,195 @@ class Agent:
 
     def _selector(self) -> tuple[selectors.BaseSelector, socket.socket]:
         sel = selectors.DefaultSelector()
-        sel.register(self.transport.sock, selectors.EVENT_READ, self.receive)
+        if self.transport.sock is not None:
+            sel.register(self.transport.sock, selectors.EVENT_READ, self.receive)
         sel.register(self.control, selectors.EVENT_READ, self._serve_control)
         rx, tx = socket.socketpair()
         rx.setblocking(False)
         tx.setblocking(False)
         signal.set_wakeup_fd(tx.fileno())
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
-        sel.register(rx, selectors.EVENT_READ, lambda: rx.recv(64))
+        sel.register(rx, selectors.EVENT_READ, lambda: self._signalled(rx))
         self._stack.callback(tx.close)
         self._stack.callback(signal.set_wakeup_fd, -1)
         return sel, rx
 
     def _on_signal(self, signum, frame) -> None:
-        log.info("event=signal name=%s", signal.Signals(signum).name)
-        self.stopping = True
+        if signum != signal.SIGHUP:
+            log.info("event=signal name=%s", signal.Signals(signum).name)
+            self.stopping = True
+
+    def _signalled(self, rx: socket.socket) -> None:
+        """The signal pipe: a SIGHUP reloads here, in the loop, never inside a tick."""
+        if signal.SIGHUP in rx.recv(64):
+            log.info("event=signal name=SIGHUP")
+            self.reload()
 
     def receive(self) -> None:
-        """Hand every datagram that arrived to membership, and point-to-point ones to the inbox."""
+        """Hand every datagram that arrived to membership, point-to-point ones to their
+        class's inbox, and the limits in Batches to the limit book."""
         now = time.monotonic()
         for rx in self.transport.poll(now):
             self.members.observe(rx, now)
-            env = rx.envelope
-            if env is not None and rx.header.class_id == CLASS_ID:
-                self.inbox.append(env)
+            if isinstance(rx.payload, Batch):
+                self._limits_heard(rx)
+            elif (run := self.table.by_key(rx.header.class_id)) is not None:
+                run.inbox.append(rx.envelope)
+
+    def _limits_heard(self, rx: Received) -> None:
+        """Adopt newer limits; tell a peer that enforces an older version ours."""
+        changed = False
+        for note in rx.payload.limits:
+            run = self.table.by_key(note.key)
+            if run is not None and self.book.merge(run.name, Limit(note.version, note.global_Bps)):
+                log.info("event=limit_changed class=%s global=%s version=%d from=%s", run.name,
+                         _quoted(format_rate(note.global_Bps)), note.version, rx.header.node)
+                changed = True
+        if changed:
+            self.book.save()
+        for v in rx.payload.values:
+            run = self.table.by_key(v.key)
+            if run is not None and v.version < (mine := self.book.get(run.name)).version:
+                self.transport.announce(LimitNote(v.key, mine.version, mine.global_Bps), rx.addr)
+
+    # -- control ----------------------------------------------------------------------------
 
     def _serve_control(self) -> None:
-        self.control.handle_one({"status": lambda: {"ok": True, "status": self.status()},
-                                 "down": self._down})
+        self.control.handle_one({"status": lambda req: {"ok": True, "status": self.status()},
+                                 "down": self._down, "set": self.set_limit,
+                                 "reload": lambda req: self.reload()})
 
-    def _down(self) -> dict:
+    def _down(self, req: dict) -> dict:
         log.info("event=down_requested")
         self.stopping = True
         return {"ok": True}
 
-    def tick(self, now: float) -> None:
-        cfg = self.cfg
-        counters = self.dp.read_counters()[CLASS_ID]
-        local = self.estimator.update(now, counters, self.dp.read_flows(), now_ns())
-        snap = Snapshot(now=now, node_id=cfg.node_id, interval_s=cfg.interval_s, global_Bps=cfg.global_Bps,
-                        local=local, view=self.members.view(CLASS_ID, now), inbox=tuple(self.inbox))
-        self.inbox = []
-        step = self.alloc.step(self.state, snap)
-        self.state = step.state
-        self._enforce(step.decision)
-        if self.statefile:
-            self.statefile.save(self.state)   # before the outbox: a restored node sent nothing it forgot
-        self.transport.publish({CLASS_ID: step.decision.publish}, now)
-        for env in step.outbox:
-            self.transport.send(env, CLASS_ID, now)
-        self.last = (snap, step, counters)
-        self._log_changes(now, step.decision)
+    def set_limit(self, req: dict) -> dict:
+        """drlctl set CLASS --global RATE: a new version here, announced to every peer."""
+        run = self.table.get(str(req.get("class")))
+        if run is None:
+            return {"ok": False, "error": f"no class {req.get('class')!r} (see drlctl classes)"}
+        try:
+            rate = parse_rate(str(req.get("global")))
+        except UnitError as e:
+            return {"ok": False, "error": str(e)}
+        limit = self.book.set(run.name, rate)
+        self.book.save()
+        self.transport.announce(LimitNote(run.conf.key, limit.version, limit.global_Bps))
+        log.info("event=limit_changed class=%s global=%s version=%d from=drlctl", run.name,
+                 _quoted(format_rate(rate)), limit.version)
+        return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate), "limit_version": limit.version}
 
-    def _enforce(self, d: Decision) -> None:
-        self.dp.set_class(CLASS_ID, d.mode, rate_Bps=d.limit_Bps, burst_bytes=self.cfg.burst_bytes,
-                          drop_probability=d.drop_probability, safe_rate_Bps=self.cfg.safe_Bps,
+    def reload(self) -> dict:
+        """Re-read the config file: classes added, changed or removed in place.  A bad file
+        changes nothing."""
+        if self.cfg.reload is None:
+            return {"ok": False, "error": "the agent was started without --config: nothing to reload"}
+        try:
+            confs = self.cfg.reload()
+            changes = self.table.apply(confs, self._member_ids(), self.cfg.n_nodes)
+        except (ConfigError, ClassifyError, ValueError) as e:
+            log.error("event=reload_failed error=%r", str(e))
+            return {"ok": False, "error": str(e)}
+        for run in self.table:
+            if run.name in changes.changed or run.name in changes.added:
+                limit = self.book.get(run.name)
+                self.transport.announce(LimitNote(run.conf.key, limit.version, limit.global_Bps))
+        self.cfg = dataclasses.replace(self.cfg, classes=confs)
+        log.info("event=reloaded classes=%d added=%s changed=%s removed=%s", len(self.table),
+                 *(_quoted(",".join(names)) for names in (changes.added, changes.changed, changes.removed)))
+        return {"ok": True, **dataclasses.asdict(changes)}
+
+    # -- the tick ---------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        runs = list(self.table)
+        counters = self.dp.read_counters([run.class_id for run in runs])
+        flows = collections.defaultdict(list)
+        for flow in self.dp.read_flows():
+            flows[flow.class_id].append(flow)
+        kernel_now = now_ns()
+        out = {run.conf.key: self._step(run, now, counters[run.class_id], flows[run.class_id], kernel_now)
+               for run in runs}
+        self.transport.publish(out, now)
+        self._log_changes(now)
+
+    def _step(self, run: ClassRun, now: float, counters: Counters, flows: list, kernel_now: int) -> Outgoing:
+        """One class's estimate -> allocate -> enforce; what it gossips this round."""
+        cfg = self.cfg
+        local = run.estimator.update(now, counters, flows, kernel_now)
+        limit = self.book.get(run.name)
+        snap = Snapshot(now=now, node_id=cfg.node_id, interval_s=cfg.interval_s, global_Bps=limit.global_Bps,
+                        local=local, view=self.members.view(run.conf.key, now), inbox=tuple(run.inbox))
+        run.inbox = []
+        step = run.conf.allocator.step(run.state, snap)
+        run.state = step.state
+        self._enforce(run, step.decision, limit)
+        if run.statefile:
+            run.statefile.save(run.state)   # before the outbox: a restored node sent nothing it forgot
+        for env in step.outbox:
+            self.transport.send(env, run.conf.key, now)
+        run.last = (snap, step, counters)
+        return Outgoing(step.decision.publish, limit.version, active=local.demand_Bps > 0)
+
+    def _enforce(self, run: ClassRun, d: Decision, limit: Limit) -> None:
+        self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=run.conf.burst_bytes,
+                          drop_probability=d.drop_probability, safe_rate_Bps=self._safe_rate(run, limit),
                           timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes)
 
-    def _log_changes(self, now: float, d: Decision) -> None:
+    def _safe_rate(self, run: ClassRun, limit: Limit) -> float:
+        return run.conf.safe_Bps if run.conf.safe_Bps is not None else limit.global_Bps / self.cfg.n_nodes
+
+    def _log_changes(self, now: float) -> None:
         facts = {f"peer {p['node_id']} ({p['address']})": p["state"] for p in self.members.status(now)}
-        facts["mode"] = Mode(d.mode).name.lower()
-        facts["warning"] = d.info.get("warning")
+        for run in self.table:
+            if run.last is not None:
+                d = run.last[1].decision
+                facts[f"class {run.name} mode"] = Mode(d.mode).name.lower()
+                facts[f"class {run.name} warning"] = d.info.get("warning")
         for what, value in facts.items():
             if what in self._facts and self._facts[what] != value:
-                log.info("event=change what=%r now=%r", what, value)
+                log.info("event=change what=%s now=%s", _quoted(what), _quoted(str(value)))
         self._facts = facts
 
     # -- status -----------------------------------------------------------------------------
 
     def status(self) -> dict:
+        """drlctl status --json: the agent, each class under ``classes``, and at the top
+        level the first class (``default`` when there is one) as before classes existed."""
         now = time.monotonic()
         cfg = self.cfg
-        out = {"node_id": cfg.node_id, "interface": cfg.iface, "allocator": self.alloc.name,
-               "interval_s": cfg.interval_s, "uptime_s": now - self.started,
-               "listen": "%s:%d" % self.transport.address[:2], "authenticated": cfg.key is not None,
-               "global_limit_bps": to_bps(cfg.global_Bps), "safe_rate_bps": to_bps(cfg.safe_Bps),
+        classes = [self._class_status(run) for run in self.table]
+        first = next((c for c in classes if c["name"] == "default"), classes[0])
+        out = {"node_id": cfg.node_id, "interface": cfg.iface, "interval_s": cfg.interval_s,
+               "uptime_s": now - self.started, "listen": _listen(self.transport.address),
+               "standalone": cfg.standalone, "authenticated": cfg.key is not None,
                "gossip": self.transport.stats.as_dict(now), "peers": self.members.status(now)}
-        if self.last is None:
-            snap, d, c, local = None, Decision(Mode.PASS, 0.0), Counters(), Local(0.0)
+        out.update({k: v for k, v in first.items() if k != "name"})
+        out["classes"] = classes
+        return out
+
+    def _class_status(self, run: ClassRun) -> dict:
+        limit = self.book.get(run.name)
+        if run.last is None:      # before its first tick: the 1/N share ClassTable.apply wrote
+            snap, c, local = None, Counters(), Local(0.0)
+            d = Decision(Mode.BUCKET, limit.global_Bps / self.cfg.n_nodes)
         else:
-            snap, step, c = self.last
+            snap, step, c = run.last
             d, local = step.decision, snap.local
-        out.update({
-            "effective_limit_bps": to_bps(effective_limit(snap) if snap else cfg.global_Bps),
-            "local_limit_bps": to_bps(_local_limit(d, local)), "mode": Mode(d.mode).name.lower(),
-            "drop_probability": d.drop_probability, "demand_bps": to_bps(local.demand_Bps),
-            "rate_bps": to_bps(local.sent_Bps), "flows": len(local.flow_rates_Bps),
-            "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
+        return {
+            "name": run.name, "allocator": run.conf.allocator.name,
+            "global_limit_bps": to_bps(limit.global_Bps), "limit_version": limit.version,
+            "effective_limit_bps": to_bps(effective_limit(snap) if snap else limit.global_Bps),
+            "local_limit_bps": to_bps(_local_limit(d, local)), "safe_rate_bps": to_bps(self._safe_rate(run, limit)),
+            "mode": Mode(d.mode).name.lower(), "drop_probability": d.drop_probability,
+            "demand_bps": to_bps(local.demand_Bps), "rate_bps": to_bps(local.sent_Bps),
+            "flows": len(local.flow_rates_Bps), "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
             "passed_bytes": c.passed_bytes, "passed_packets": c.passed_packets,
             "dropped_bytes": c.dropped_bytes, "dropped_packets": c.dropped_packets,
-            "quota_bytes_left": d.quota_bytes, "allocator_state": _allocator_state(d.info)})
-        return out
+            "quota_bytes_left": d.quota_bytes, "gossip_lost": self.members.class_lost[run.conf.key],
+            "allocator_state": _allocator_state(d.info)}
 
 
 def _local_limit(d: Decision, local: Local) -> float:
@@ -265,6 +378,17 @@ def _local_limit(d: Decision, local: Local) -> float:
     if d.mode == Mode.DROP:
         return local.demand_Bps * (1.0 - d.drop_probability)
     return local.demand_Bps
+
+
+def _listen(address) -> str | None:
+    return None if address is None else "%s:%d" % address[:2]
+
+
+def _quoted(text: str) -> str:
+    """A logfmt value: quoted when it holds a space, a quote or an equals sign."""
+    if text and not any(ch in text for ch in ' "=\\'):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _allocator_state(info: Any) -> Any:
@@ -281,44 +405,3 @@ def _in_bits(d: dict) -> dict:
             key, value = key.removesuffix("_Bps") + "_bps", None if value is None else to_bps(value)
         out[key] = value
     return out
-
-
-class StateFileError(Exception):
-    """The allocator's saved state cannot be read; one line."""
-
-
-class StateFile:
-    """An allocator's state on disk, for allocators with dump_state/load_state (dqmp).
-
-    Written every tick with write-to-temp + rename, so a crash leaves the old
-    or the new snapshot, never half of one."""
-
-    def __init__(self, alloc, path: Path):
-        self.alloc, self.path = alloc, path
-
-    @classmethod
-    def for_allocator(cls, alloc, cfg: Config) -> "StateFile | None":
-        if not hasattr(alloc, "dump_state"):
-            return None
-        return cls(alloc, Path(cfg.state_dir) / f"{alloc.name}-{cfg.node_id}.json")
-
-    def load(self) -> Any:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise StateFileError(f"state file {self.path} is unreadable ({e}); remove it to start afresh") from None
-        try:
-            state = self.alloc.load_state(data)
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateFileError(f"state file {self.path} does not hold {self.alloc.name} state ({e}); "
-                                 "remove it to start afresh") from None
-        log.info("event=state_restored file=%s", self.path)
-        return state
-
-    def save(self, state: Any) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.alloc.dump_state(state)))
-        os.replace(tmp, self.path)

@@ -5,15 +5,20 @@ The daemon drives it through agent/transport.py (a UDP socket around a
 
 Design (000_efbf5459a9d12355.txt §3.1, §4.2):
 
-* Each interval ``publish`` sends every class's value to ``branching`` peers (the
-  paper's branching factor; branching >= peers is a full mesh).  Targets follow a
+* Each interval ``publish`` sends the classes' values to ``branching`` peers (the
+  paper's branching factor; branching >= peers is a full mesh), all classes for
+  one peer together in as few datagrams as they fit (wire.Batch, ~13 bytes a
+  class).  A class with demand or a changed value goes every round; a quiet
+  one goes REPEATS times after its last change, then rests (once every
+  REFRESH_ROUNDS rounds), so thousands of idle classes cost nothing.  Targets follow a
   random permutation of the peers, renewed every cycle (SWIM-style shuffled round
   robin) rather than independent draws: still random, but every peer hears from
   us at least once every 2*ceil(peers/branching) intervals, which is what lets
   membership time a silent peer out (membership.liveness_timeout).
 * Sequence numbers run per (sender incarnation, receiver): with branching < peers a
   per-sender counter would show a gap whenever the sender picked someone else,
-  so only a per-link counter makes gaps mean loss.  The header names the receiver
+  so only a per-link counter makes gaps mean loss.  Inside a Batch each class
+  has its own per-link sequence number, for newest-wins and its own loss count.  The header names the receiver
   (``dst``) once the sender has learned its node id, so a datagram captured on one
   link cannot be replayed into another.
 * Loss compensation.  The paper gossips push-sum style shares, where a lost
@@ -39,9 +44,30 @@ from dataclasses import dataclass
 from typing import Hashable, Mapping, Sequence
 
 from .model import Envelope
-from .wire import Header, Heartbeat, Message, Payload, Reason, SeqWindow, Update, decode, encode
+from .wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, Payload, Reason, SeqWindow,
+                   decode, encode, pack)
 
 Addr = Hashable
+
+REPEATS = 3             # a quiet class's unchanged value goes to a peer this many times, then rests
+REFRESH_ROUNDS = 100    # ... and once more after this many rounds, in case every repeat was lost
+ANNOUNCE_ROUNDS = 3     # a limit changed here goes to every peer in this many rounds
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One class's value for this round; an ``active`` class (it has demand) goes every round."""
+    value: float
+    version: int = 0
+    active: bool = True
+
+
+class _Link:
+    """What we last sent one peer about one class."""
+    __slots__ = ("seq", "value", "version", "repeats", "round")
+
+    def __init__(self) -> None:
+        self.seq, self.value, self.version, self.repeats, self.round = 0, None, -1, 0, 0
 
 
 def new_incarnation() -> int:
@@ -61,7 +87,7 @@ class Received:
     @property
     def envelope(self) -> Envelope | None:
         """Point-to-point bodies as the allocator's inbox wants them; None for update/heartbeat."""
-        if isinstance(self.payload, (Update, Heartbeat)):
+        if isinstance(self.payload, Batch):
             return None
         return Envelope(self.payload, src=self.header.node)
 
@@ -151,7 +177,7 @@ class PeerList(tuple):
 class GossipCore:
     """Everything but the socket: datagrams in, datagrams out, no I/O, time passed in.
 
-    ``publish(values, now)`` and ``route(env, class_id, now)`` return (addr, bytes)
+    ``publish(classes, now)`` and ``route(env, class_id, now)`` return (addr, bytes)
     to put on the wire; ``receive(data, addr, now)`` returns a :class:`Received`
     or None (the reason is counted in ``stats.rejected``).  ``key=None`` is insecure
     mode.  The simulator drives one core per simulated node.
@@ -175,6 +201,10 @@ class GossipCore:
         self._windows: dict[str, tuple[int, SeqWindow]] = {}     # node -> (incarnation, window)
         self._addr_of: dict[str, Addr] = {}                      # learned: node id -> address
         self._node_at: dict[Addr, str] = {}                      # learned: address -> node id
+        self._links: dict[Addr, dict[int, _Link]] = {}           # per peer, per class key
+        self._pending: dict[Addr, dict[int, LimitNote]] = {}     # limit notes for one peer
+        self._announce: dict[int, tuple[LimitNote, int]] = {}    # limit notes for all: rounds left
+        self._round = 0
 
     def targets(self) -> list[Addr]:
         """This interval's targets: every peer if ``branching`` covers them, else the next ``branching``."""
@@ -182,15 +212,59 @@ class GossipCore:
             return list(self.peers)
         return [self.peers[i] for i in self._cycle.take(self.branching)]
 
-    def publish(self, values: Mapping[int, float], now: float) -> list[tuple[Addr, bytes]]:
-        """One Update per class to each target; a Heartbeat each when ``values`` is empty."""
+    def publish(self, classes: Mapping[int, Outgoing], now: float) -> list[tuple[Addr, bytes]]:
+        """This round's Batches: to each target the classes due for it (see :meth:`_due`),
+        as many a datagram as fit, or one empty Batch as a heartbeat; limit notes
+        (:meth:`announce`) to whoever they are for, target or not."""
+        self._round += 1
+        targets = self.targets()
+        broadcast = self._broadcast_notes()
         out = []
-        for addr in self.targets():
-            if not values:
-                out.append((addr, self._datagram(addr, 0, Heartbeat(), now)))
-            for class_id, value in values.items():
-                out.append((addr, self._datagram(addr, class_id, Update(float(value)), now)))
+        for addr in dict.fromkeys([*targets, *self._pending, *(self.peers if broadcast else ())]):
+            values = self._due(addr, classes) if addr in targets else []
+            notes = broadcast + list(self._pending.pop(addr, {}).values())
+            for batch in pack(values, notes, self._room(addr)):
+                out.append((addr, self._datagram(addr, 0, batch, now)))
         return out
+
+    def announce(self, note: LimitNote, addr: Addr | None = None) -> None:
+        """Send a class's limit to ``addr`` in the next round, or to every peer in the next
+        ANNOUNCE_ROUNDS rounds (a change made here: every peer must hear it, loss or not)."""
+        if addr is None:
+            self._announce[note.key] = (note, ANNOUNCE_ROUNDS)
+        else:
+            self._pending.setdefault(addr, {})[note.key] = note
+
+    def _broadcast_notes(self) -> list[LimitNote]:
+        notes = [note for note, _ in self._announce.values()]
+        self._announce = {k: (note, left - 1) for k, (note, left) in self._announce.items() if left > 1}
+        return notes
+
+    def _due(self, addr: Addr, classes: Mapping[int, Outgoing]) -> list[ClassValue]:
+        """The classes ``addr`` gets this round: active ones, changed ones, an unchanged
+        quiet one until it has been sent REPEATS times, and every class again after
+        REFRESH_ROUNDS rounds (in case every repeat was lost)."""
+        links = self._links.setdefault(addr, {})
+        if len(links) > len(classes):                       # classes removed since
+            for key in [k for k in links if k not in classes]:
+                del links[key]
+        out = []
+        for key, o in classes.items():
+            link = links.get(key)
+            if link is None:
+                link = links[key] = _Link()
+            link.repeats = link.repeats + 1 if (link.value, link.version) == (o.value, o.version) else 0
+            if o.active or link.repeats < REPEATS or self._round - link.round >= REFRESH_ROUNDS:
+                link.seq += 1
+                link.value, link.version, link.round = o.value, o.version, self._round
+                out.append(ClassValue(key, link.seq, o.value, o.version))
+        return out
+
+    def _room(self, addr: Addr) -> int:
+        """Bytes a Batch may take in a datagram to ``addr``: what its header and tag leave."""
+        header = Header(cluster=self.cluster, node=self.node_id, dst=self._node_at.get(addr, ""),
+                        seq=2**64 - 1, sent_at=1.0, incarnation=self.incarnation)
+        return MAX_DATAGRAM - len(encode(Message(header, Batch()), self.key))
 
     def route(self, env: Envelope, class_id: int, now: float) -> tuple[Addr, bytes] | None:
         """The datagram carrying ``env`` to ``env.dst``; None (counted) before we know its address."""
@@ -221,9 +295,12 @@ class GossipCore:
             return self.reject(Reason.LOOP)
         if h.dst and h.dst != self.node_id:
             return self.reject(Reason.WRONG_DST)
+        restarted = h.node in self._windows and h.incarnation > self._windows[h.node][0]
         gap = self._sequence(h)
         if isinstance(gap, Reason):
             return self.reject(gap)
+        if restarted:                           # it forgot what we told it: tell it everything again
+            self._links.pop(addr, None)
         self._learn(h.node, addr)
         self.stats.received += 1
         self.stats.received_bytes += len(data)

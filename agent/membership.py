@@ -3,15 +3,17 @@
     members = Membership("n1", transport.peer_addrs, liveness_timeout(0.1, n_peers=4, branching=2))
     for rx in transport.poll(now):
         members.observe(rx, now)
-    view = members.view(class_id, now)        # agent/model.py PeerView
+    view = members.view(class_key, now)       # agent/model.py PeerView of one class
+    members.class_lost[class_key]             # its values lost on the way, all peers
     members.status(now)                       # rows for drlctl status
 
 N is fixed by configuration: this node plus one slot per configured peer
 address.  A slot is named by ``names`` (``--peers ID@HOST:PORT``) or takes
 the node id of whoever authenticates from that address
 (agent/gossip.py checked MAC, replay and incarnation before we see it); until
-then it is a placeholder ``?host:port``, stale.  Any accepted datagram (update,
-heartbeat, point-to-point message) is a sign of life.
+then it is a placeholder ``?host:port``, stale.  Any accepted datagram (a
+Batch of values, an empty one as a heartbeat, a point-to-point message) is a
+sign of life; membership is per agent, values are per class.
 
 The stale policy is the paper's conservative one (000_efbf5459a9d12355.txt §5.6):
 a peer not heard from for ``timeout_s`` counts with value 0 and is left out of
@@ -21,6 +23,7 @@ incarnation) starts with no values: only what it publishes in its new life count
 """
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -28,7 +31,7 @@ from typing import Mapping, Sequence
 from .model import PeerState, PeerView
 from .gossip import Addr, Received
 from .peers import format_addr
-from .wire import Update
+from .wire import Batch
 
 
 def liveness_timeout(interval_s: float, n_peers: int, branching: int, misses: int = 3) -> float:
@@ -59,6 +62,7 @@ class Membership:
         self.node_id, self.timeout_s = node_id, timeout_s
         names = names or {}
         self._slots = {addr: _Slot(addr, names.get(addr, "")) for addr in peer_addrs}
+        self.class_lost: collections.Counter[int] = collections.Counter()
 
     @property
     def n_nodes(self) -> int:
@@ -76,11 +80,13 @@ class Membership:
             slot.incarnation, slot.values = h.incarnation, {}
         slot.last_seen = max(slot.last_seen, now)
         slot.lost += rx.gap
-        if isinstance(rx.payload, Update):
-            # newest wins: a reordered older update never overwrites (see gossip.py on compensation)
-            seq, _ = slot.values.get(h.class_id, (0, 0.0))
-            if h.seq > seq:
-                slot.values[h.class_id] = (h.seq, rx.payload.value)
+        if isinstance(rx.payload, Batch):
+            for v in rx.payload.values:
+                # newest wins: a reordered older value never overwrites (see gossip.py on compensation)
+                seq = slot.values.get(v.key, (0, 0.0))[0]
+                if v.seq > seq:
+                    slot.values[v.key] = (v.seq, v.value)
+                    self.class_lost[v.key] += v.seq - seq - 1 if seq else 0
 
     def _claim(self, addr: Addr, node_id: str) -> _Slot:
         """A new node id at ``addr``: forget the old one, and the id's old address."""

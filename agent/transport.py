@@ -13,9 +13,9 @@ The daemon's tick (agent/daemon.py)::
         for rx in transport.poll(now):           # validated, de-duplicated, counted
             members.observe(rx, now)
             if rx.envelope: inbox[rx.header.class_id].append(rx.envelope)
-        view = members.view(class_id, now)       # -> allocator Snapshot.view
-        transport.publish({class_id: decision.publish, ...}, now)   # {} sends heartbeats
-        for env in step.outbox: transport.send(env, class_id, now)
+        view = members.view(class_key, now)      # -> allocator Snapshot.view
+        transport.publish({class_key: Outgoing(decision.publish, version, active), ...}, now)
+        for env in step.outbox: transport.send(env, class_key, now)
     transport.close()
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ import random
 import socket
 from typing import Mapping, Sequence
 
-from .gossip import GossipCore, PeerList, Received, Stats
+from .gossip import GossipCore, Outgoing, PeerList, Received, Stats
 from .model import Envelope
 from .peers import HostPort, format_addr
-from .wire import MAX_DATAGRAM, Reason
+from .wire import MAX_DATAGRAM, LimitNote, Reason
 
 
 class TransportError(Exception):
@@ -117,10 +117,14 @@ class UdpTransport:
                 out.append(rx)
         return out
 
-    def publish(self, values: Mapping[int, float], now: float) -> None:
-        """Gossip each class's value (or a heartbeat) to this interval's targets."""
-        for addr, data in self.core.publish(values, now):
+    def publish(self, classes: Mapping[int, Outgoing], now: float) -> None:
+        """Gossip the classes' values (or a heartbeat) to this interval's targets."""
+        for addr, data in self.core.publish(classes, now):
             self._sendto(data, addr)
+
+    def announce(self, note: LimitNote, addr: HostPort | None = None) -> None:
+        """A class's limit to ``addr``, or to every peer (GossipCore.announce)."""
+        self.core.announce(note, addr)
 
     def send(self, env: Envelope, class_id: int, now: float) -> bool:
         """Send one outbox message; False if ``env.dst`` has not been heard from yet."""
@@ -143,3 +147,29 @@ class UdpTransport:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Standalone:
+    """The transport of an agent with no peers: no socket, nothing to send or hear."""
+    sock = None
+    address = None
+
+    def __init__(self) -> None:
+        self.peer_addrs = PeerList(())
+        self.resolved: dict[HostPort, HostPort] = {}
+        self.stats = Stats()
+
+    def poll(self, now: float) -> list[Received]:
+        return []
+
+    def publish(self, classes: Mapping[int, Outgoing], now: float) -> None:
+        pass
+
+    def announce(self, note: LimitNote, addr: HostPort | None = None) -> None:
+        pass
+
+    def send(self, env: Envelope, class_id: int, now: float) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass

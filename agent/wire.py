@@ -1,10 +1,10 @@
 """The authenticated wire codec: typed messages <-> datagrams (schema: agent/drl.proto).
 
     >>> key = b"0123456789abcdef0123456789abcdef"
-    >>> h = Header(cluster="prod", node="n1", class_id=1, seq=1, sent_at=0.0, incarnation=7)
-    >>> data = encode(Message(h, Update(1250000.0)), key)
-    >>> decode(data, key, "prod").payload
-    Update(value=1250000.0)
+    >>> h = Header(cluster="prod", node="n1", seq=1, sent_at=0.0, incarnation=7)
+    >>> data = encode(Message(h, Batch((ClassValue(key=7, seq=1, value=1250000.0),))), key)
+    >>> decode(data, key, "prod").payload.values
+    (ClassValue(key=7, seq=1, value=1250000.0, version=0),)
     >>> decode(data[:-1] + b"x", key, "prod")
     <Reason.FORGED: 'forged'>
 
@@ -35,8 +35,8 @@ from google.protobuf.message import DecodeError
 from . import drl_pb2
 from .model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
-VERSION = 1
-TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first (an update is 103 B with it)
+VERSION = 2               # 2: every class's value in a Batch (1: one Update datagram per class)
+TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
 MIN_KEY_BYTES = 16
 
@@ -72,17 +72,6 @@ class Header:
 
 
 @dataclass(frozen=True, slots=True)
-class Update:
-    """The value an allocator publishes each interval (Decision.publish)."""
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """Sent instead of updates when there is nothing to publish: keeps us alive at peers."""
-
-
-@dataclass(frozen=True, slots=True)
 class ClassValue:
     """One class's published value in a :class:`Batch`; ``seq`` runs per (link, class)."""
     key: int
@@ -106,7 +95,7 @@ class Batch:
     limits: tuple[LimitNote, ...] = ()
 
 
-Payload = Union[Update, Heartbeat, Batch, Body]
+Payload = Union[Batch, Body]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +106,7 @@ class Message:
 
 # oneof field name <-> Python class; every field of the class has a same-named proto field.
 _KINDS: dict[str, type] = {
-    "update": Update, "heartbeat": Heartbeat, "transfer": Transfer, "transfer_ack": TransferAck,
+    "transfer": Transfer, "transfer_ack": TransferAck,
     "lease_request": LeaseRequest, "lease_grant": LeaseGrant, "report": Report,
 }
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}

@@ -2,21 +2,25 @@
 
 Examples:
 
-    drl-agent up --iface eth0 --global 50mbit --insecure
+    drl-agent up --iface eth0 --global 50mbit
     drl-agent up --iface eth0 --global 50mbit --node-id a --listen 0.0.0.0:7470 \\
         --peers 10.0.0.2:7470,10.0.0.3:7470 --key-file /etc/drl/cluster.key
+    drl-agent up --config /etc/drl/drl.toml
+    drl-agent reload
     drl-agent down
 """
 from __future__ import annotations
 
-import os
+import dataclasses
 import socket
 import sys
 
 import click
+from click.core import ParameterSource
 
 from agent.allocators import names as allocator_names
 from agent.control import DEFAULT_SOCKET, ControlError, request
+from cli import configfile
 from cli.params import DURATION, PROBABILITY, QUOTA, RATE, SIZE
 
 DEFAULT_PORT = 7470
@@ -28,8 +32,11 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--iface", required=True, help="Interface whose egress is limited.")
-@click.option("--global", "global_Bps", type=RATE, required=True, help="The global limit shared by all agents, e.g. 50mbit.")
+@click.option("--config", type=click.Path(dir_okay=False),
+              help="TOML file with agent options and [[class]] tables (docs/config.md); flags override it.")
+@click.option("--iface", help="Interface whose egress is limited (required, here or in --config).")
+@click.option("--global", "global_Bps", type=RATE,
+              help="The global limit shared by all agents, e.g. 50mbit: the class 'default' (required without --config).")
 @click.option("--allocator", type=click.Choice(allocator_names()), default="fps", show_default=True,
               help="How the global limit is divided among agents.")
 @click.option("--node-id", default=socket.gethostname, show_default="hostname", help="This agent's name in the cluster.")
@@ -53,6 +60,8 @@ def main() -> None:
 @click.option("--sample-probability", type=PROBABILITY,
               help="Probability that a new flow enters the flow table (FPS's sample set) [default: fps 0.1, others 1].")
 @click.option("--max-flows", type=click.IntRange(min=16), default=4096, show_default=True, help="Flow table size.")
+@click.option("--max-classes", type=click.IntRange(1, 65536), default=4096, show_default=True,
+              help="Classes the datapath has room for (a load-time size).")
 @click.option("--eta", type=float, help="GDRL / fill-ratio step size [default: 1/(2d)].")
 @click.option("--quota", type=QUOTA, help="DQMP volume quota SIZE/PERIOD, e.g. 10TB/30d.")
 @click.option("--lease-servers", default="", help="lease: node ids that serve leases [default: the lowest node id].")
@@ -60,23 +69,58 @@ def main() -> None:
               help="lease: what a client enforces when it cannot renew.")
 @click.option("--state-dir", default="/var/lib/drl", show_default=True,
               help="Where allocators that must survive a restart keep their state (dqmp).")
-def up(**opts) -> None:
+@click.pass_context
+def up(ctx: click.Context, config: str | None, **opts) -> None:
     """Attach the limiter to IFACE and run in the foreground until SIGTERM/SIGINT.
 
     \b
     Examples:
-      drl-agent up --iface eth0 --global 50mbit --insecure
+      drl-agent up --iface eth0 --global 50mbit
       drl-agent up --iface eth0 --global 50mbit --allocator grd \\
           --peers 10.0.0.2:7470 --key-file /etc/drl/cluster.key
+      drl-agent up --config /etc/drl/drl.toml
     """
-    from agent.config import ConfigError, build_config
+    from agent.config import ConfigError
     from agent.daemon import run
 
+    explicit = {name for name in opts
+                if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     try:
-        config = build_config(opts)
+        cfg = load_config(config, opts, explicit)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
-    sys.exit(run(config))
+    sys.exit(run(cfg))
+
+
+def load_config(path: str | None, opts: dict, explicit: set[str], check_host: bool = True):
+    """The Config of `drl-agent up`: the file at ``path`` (if any) under the flags in
+    ``explicit``; its ``reload`` re-reads the file with the same flags on top."""
+    from agent.config import ConfigError, build_classes, build_config
+
+    def options() -> tuple[dict, list[dict]]:
+        try:
+            return configfile.merge(configfile.read(path, up) if path else None, opts, explicit)
+        except configfile.ConfigFileError as e:
+            raise ConfigError(str(e)) from None
+
+    def reload():
+        agent_opts, classes = options()
+        return build_classes(agent_opts, classes, cfg.peers, cfg.max_classes)
+
+    cfg = build_config(*options(), check_host=check_host)
+    return dataclasses.replace(cfg, reload=reload if path else None)
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=DEFAULT_SOCKET, show_default=True, help="The agent's control socket.")
+def reload(socket_path: str) -> None:
+    """Ask the agent on SOCKET to re-read its --config file (as SIGHUP does)."""
+    try:
+        reply = request(socket_path, "reload")
+    except ControlError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo("reloaded: " + ", ".join(f"{what} {', '.join(reply[what]) or '-'}"
+                                        for what in ("added", "changed", "removed")))
 
 
 @main.command()

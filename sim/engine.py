@@ -239,6 +239,6 @@ class Simulation:
         seq = self.update_seq[src, dst].astype(np.int64)
         value = self.publish[src]
         self.net.send_updates(src, dst, value, seq, k)
-        control = self.tap.updates_sent(seq, value) + self.control_bytes
+        control = self.tap.updates_sent(seq) + self.control_bytes
         self.control_bytes = 0
         return control

@@ -1,7 +1,7 @@
 """The simulated traffic as the agent's wire code sees it: real sizes, real loss detection.
 
     tap = WireTap(node_ids, rng, monitors=64)
-    tap.updates_sent(src, dst, seq, values, sent_at)    # -> bytes on the wire, via agent.wire.encode
+    tap.updates_sent(seq)                               # -> bytes on the wire, via agent.wire.encode
     tap.envelope_sent(src_id, env, seq, sent_at)        # -> bytes of one point-to-point message
     tap.received(dst, src, seq)                          # feeds agent.wire.SeqWindow
     tap.loss_detected                                    # lost / expected, as the receivers count it
@@ -9,9 +9,10 @@
 Sizes: every datagram is ``agent.wire.encode`` output (protobuf + 32-byte
 HMAC-SHA256 tag) plus 28 bytes of IPv4 + UDP header, the way
 000_efbf5459a9d12355.txt §3.1 counts its "48-byte" updates.  A protobuf's size
-depends only on which fields are non-default and on the varint lengths, so an
-Update's size is encoded once per (seq varint length, value == 0) and cached:
-exact, without an HMAC per simulated message.
+depends only on which fields are non-default and on the varint lengths, so the
+size of a node's update (a Batch holding its one class, whose per-class seq
+equals the link's) is encoded once per seq varint length and cached: exact,
+without an HMAC per simulated message.
 
 Loss detection runs the agent's own ``SeqWindow`` (one per sender, receiver
 stream) on every update delivered to a sample of ``monitors`` receivers, so its
@@ -46,42 +47,33 @@ class WireTap:
         self.monitored[rng.choice(n, size=min(n, monitors), replace=False)] = True
         self.incarnation = new_incarnation()       # wall-clock ms, as the agent's: 6 varint bytes
         self._windows: dict[tuple[int, int], wire.SeqWindow] = {}
-        self._size_cache: dict[tuple[int, bool], int] = {}
+        self._size_cache: dict[int, int] = {}
         self.lost = 0          # net count from SeqWindow.accept: gaps minus late arrivals
         self.accepted = 0
         self.replayed = 0
 
-    def _header(self, src: str, dst: str, seq: int, sent_at: float) -> wire.Header:
-        return wire.Header(cluster=CLUSTER, node=src, seq=seq, incarnation=self.incarnation,
-                           sent_at=sent_at, class_id=CLASS_ID, dst=dst)
+    def _datagram_bytes(self, src: str, dst: str, seq: int, sent_at: float, payload, class_id: int = 0) -> int:
+        header = wire.Header(cluster=CLUSTER, node=src, seq=seq, incarnation=self.incarnation,
+                             sent_at=sent_at, class_id=class_id, dst=dst)
+        return len(wire.encode(wire.Message(header, payload), KEY)) + IP_UDP_BYTES
 
-    def _datagram_bytes(self, src: str, dst: str, seq: int, sent_at: float, payload) -> int:
-        msg = wire.Message(self._header(src, dst, seq, sent_at), payload)
-        return len(wire.encode(msg, KEY)) + IP_UDP_BYTES
-
-    def update_size(self, seq: int, zero_value: bool) -> int:
-        key = (int(varint_len(np.array([seq]))[0]), zero_value)
+    def update_size(self, seq: int) -> int:
+        """Bytes of one update datagram: a Batch with the node's class (a float is 4 bytes, any value)."""
+        key = int(varint_len(np.array([seq]))[0])
         if key not in self._size_cache:
             # sent_at is never 0 on the agent (a monotonic clock), so a fixed one is exact.
-            self._size_cache[key] = self._datagram_bytes(
-                self.node_ids[0], self.node_ids[-1], seq, 1.5, wire.Update(0.0 if zero_value else 1.5))
+            batch = wire.Batch((wire.ClassValue(CLASS_ID, seq, 1.5),))
+            self._size_cache[key] = self._datagram_bytes(self.node_ids[0], self.node_ids[-1], seq, 1.5, batch)
         return self._size_cache[key]
 
-    def updates_sent(self, seq: np.ndarray, value: np.ndarray) -> int:
-        """Total bytes on the wire for a batch of Update datagrams."""
-        if len(seq) == 0:
-            return 0
-        lens, zero = varint_len(seq), value == 0.0
-        total = 0
-        for length in np.unique(lens):
-            for z in (False, True):
-                count = int(np.sum((lens == length) & (zero == z)))
-                if count:
-                    total += count * self.update_size(int(1 << (7 * (length - 1))), z)
-        return total
+    def updates_sent(self, seq: np.ndarray) -> int:
+        """Total bytes on the wire for a batch of update datagrams."""
+        lens = varint_len(seq)
+        return sum(int(np.sum(lens == length)) * self.update_size(int(1 << (7 * (length - 1))))
+                   for length in np.unique(lens))
 
     def envelope_sent(self, src: str, env: Envelope, seq: int, sent_at: float) -> int:
-        return self._datagram_bytes(src, env.dst, seq, sent_at, env.body)
+        return self._datagram_bytes(src, env.dst, seq, sent_at, env.body, CLASS_ID)
 
     def received(self, dst: np.ndarray, src: np.ndarray, seq: np.ndarray) -> None:
         """Datagrams delivered (any kind, one sequence stream per link, as in agent.gossip)."""

@@ -93,9 +93,11 @@ def test_config_mistakes_are_one_line_and_exit_1(as_root, started, args, needle)
     assert result.exit_code == 1 and started == []
 
 
-def test_a_key_or_insecure_is_required(as_root, started):
-    one_line_error(up("--iface", "lo", "--global", "10mbit"), "--key-file", "--insecure")
+def test_a_key_or_insecure_is_required_with_peers_but_not_alone(as_root, started):
+    one_line_error(up("--iface", "lo", "--global", "10mbit", "--peers", "10.0.0.2:7470"), "--key-file", "--insecure")
     assert started == []
+    assert up("--iface", "lo", "--global", "10mbit").exit_code == 0      # the design card's own command
+    assert started[0].standalone and started[0].key is None
 
 
 @pytest.mark.parametrize("content, needle", [
@@ -121,17 +123,18 @@ def test_a_valid_command_line_becomes_a_config_in_internal_units(as_root, starte
                 "--key-file", key_file, "--interval", "50ms")
     assert result.exit_code == 0, result.output
     (cfg,) = started
-    assert cfg.global_Bps == 50e6 / 8 and cfg.interval_s == 0.05
-    assert cfg.safe_Bps == cfg.global_Bps / 3                   # global / N by default
+    (default,) = cfg.classes
+    assert default.name == "default" and default.global_Bps == 50e6 / 8 and cfg.interval_s == 0.05
+    assert default.safe_Bps is None                           # global / N, of the limit in force
     assert cfg.peer_timeout_s == pytest.approx(0.05 * 3)      # full mesh: 3 missed intervals
     assert [(p.node_id, p.addr) for p in cfg.peers] == [("b", ("127.0.0.2", 7470)), (None, ("127.0.0.3", 7470))]
-    assert cfg.sample_probability == 1.0 and cfg.allocator.name == "grd"
+    assert cfg.sample_probability == 1.0 and default.allocator.name == "grd"
     assert cfg.key == b"0123456789abcdef0123456789abcdef"
 
 
 def test_fps_samples_flows_at_its_own_default(as_root, started):
     assert up("--iface", "lo", "--global", "1gbit", "--insecure").exit_code == 0
-    assert started[0].sample_probability == 0.1 and started[0].allocator.name == "fps"
+    assert started[0].sample_probability == 0.1 and started[0].classes[0].allocator.name == "fps"
 
 
 @pytest.mark.parametrize("cli, args", [(agent_main, ["down", "--socket", "/nonexistent/drl.sock"]),

@@ -65,3 +65,87 @@ def test_values_travel_as_32_bit_floats():
     v = 1234567.891
     [data] = datagrams([ClassValue(1, 1, v)], [])
     assert decode(data, KEY, "drl").payload.values[0].value == struct.unpack("f", struct.pack("f", v))[0]
+
+
+# -- the gossip core: which classes go to whom ------------------------------------------------
+
+import random
+
+from agent.gossip import ANNOUNCE_ROUNDS, REFRESH_ROUNDS, REPEATS, GossipCore, Outgoing
+from agent.membership import Membership
+
+
+def pair():
+    a = GossipCore("A", "c", KEY, ["b"], 3, 1, random.Random(1))
+    b = GossipCore("B", "c", KEY, ["a"], 3, 1, random.Random(2))
+    return a, b
+
+
+def keys_received(core, sent, src="a"):
+    rxs = [core.receive(data, src, 0.0) for _, data in sent]
+    return [v.key for rx in rxs for v in rx.payload.values]
+
+
+def test_quiet_classes_rest_after_repeats_active_and_changed_ones_go_every_round():
+    a, b = pair()
+    rounds = []
+    for r in range(REPEATS + 3):
+        classes = {1: Outgoing(5.0, active=False), 2: Outgoing(7.0, active=True),
+                   3: Outgoing(float(r), active=False)}
+        rounds.append(sorted(keys_received(b, a.publish(classes, r))))
+    assert rounds[:REPEATS] == [[1, 2, 3]] * REPEATS
+    assert rounds[REPEATS:] == [[2, 3]] * 3           # class 1 said it REPEATS times and rests
+
+
+def test_a_resting_class_is_refreshed_and_a_restarted_peer_hears_everything_again():
+    a, b = pair()
+    quiet = {1: Outgoing(5.0, active=False)}
+    got = [keys_received(b, a.publish(quiet, r)) for r in range(REPEATS + REFRESH_ROUNDS)]
+    assert [i for i, keys in enumerate(got) if keys] == [*range(REPEATS), REPEATS - 1 + REFRESH_ROUNDS]
+    a.receive(b.publish({}, 0)[0][1], "b", 0.0)
+    reborn = GossipCore("B", "c", KEY, ["a"], 3, 2, random.Random(3))
+    a.receive(reborn.publish({}, 0)[0][1], "b", 0.0)  # b restarted: it forgot our values
+    assert keys_received(reborn, a.publish(quiet, 0)) == [1]
+
+
+def test_a_limit_change_reaches_every_peer_not_only_this_rounds_targets():
+    peers = list("bcdefgh")
+    a = GossipCore("A", "c", KEY, peers, 1, 1, random.Random(1))
+    note = LimitNote(9, 4, 1e6)
+    a.announce(note)
+    for r in range(ANNOUNCE_ROUNDS + 1):
+        sent = a.publish({}, r)
+        noted = {addr for addr, data in sent if decode(data, KEY, "c").payload.limits == (note,)}
+        assert noted == (set(peers) if r < ANNOUNCE_ROUNDS else set())
+    a.announce(note, addr="e")
+    assert {addr for addr, data in a.publish({}, 9) if decode(data, KEY, "c").payload.limits} == {"e"}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300), st.integers(2, 6), st.sampled_from([0.0, 0.3]), st.randoms(use_true_random=False))
+def test_every_class_arrives_once_and_in_order_under_loss_and_reordering(n_classes, rounds, loss, rnd):
+    """Class k's value in round r is r * 1000 + k: the value a receiver holds must only grow."""
+    a, b = pair()
+    members = Membership("B", ["a"], timeout_s=100.0)
+    in_flight = []
+    for r in range(rounds):
+        datagrams = a.publish({k: Outgoing(float(r * 1000 + k)) for k in range(n_classes)}, r)
+        assert all(len(data) <= MAX_DATAGRAM for _, data in datagrams)
+        in_flight += [data for _, data in datagrams if rnd.random() >= loss]
+    rest = in_flight[1:]
+    rnd.shuffle(rest)                                  # the first datagram seen starts the replay window
+    in_flight = in_flight[:1] + rest
+    held = {k: -1.0 for k in range(n_classes)}
+    arrivals = {k: 0 for k in range(n_classes)}
+    for data in in_flight:
+        rx = b.receive(data, "a", 0.0)
+        members.observe(rx, 0.0)
+        for v in rx.payload.values:
+            arrivals[v.key] += 1
+        for k in range(n_classes):
+            now = members.view(k, 0.0).remote_sum if members.view(k, 0.0).peers["A"].value else held[k]
+            assert now >= held[k]
+            held[k] = now
+    if loss == 0.0:
+        assert all(n == rounds for n in arrivals.values())
+        assert all(held[k] == (rounds - 1) * 1000 + k for k in range(n_classes))

@@ -16,8 +16,8 @@ def server(tmp_path):
 
     def serve():
         while not stop.is_set():
-            srv.handle_one({"status": lambda: {"ok": True, "status": {"node_id": "n1"}},
-                            "boom": lambda: {"ok": False, "error": "the agent says no"}})
+            srv.handle_one({"status": lambda req: {"ok": True, "status": {"node_id": "n1"}},
+                            "boom": lambda req: {"ok": False, "error": "the agent says no"}})
             stop.wait(0.01)
 
     thread = threading.Thread(target=serve, daemon=True)

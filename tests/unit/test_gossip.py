@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from agent.gossip import GossipCore, Stats
+from agent.gossip import GossipCore, Outgoing, Stats
 from agent.membership import Membership
 from agent.model import Envelope, Transfer
 from agent.peers import AddressError, Peer, format_addr, parse_hostport, parse_peers
 from agent.transport import TransportError, UdpTransport
-from agent.wire import MAX_DATAGRAM, Heartbeat, Update
+from agent.wire import MAX_DATAGRAM, Batch
 
 KEY = b"k" * 32
 
@@ -62,6 +62,15 @@ def test_parse_peers():
 
 # -- the core over an in-memory network ---------------------------------------------------------
 
+def vals(values: dict) -> dict:
+    """{class key: value} as publish wants it: every class active."""
+    return {key: Outgoing(value) for key, value in values.items()}
+
+
+def values_of(rx) -> list:
+    return [(v.key, v.value) for v in rx.payload.values]
+
+
 class Net:
     """Cores addressed "a", "b", ... with node ids "A", "B", ...; delivery is explicit."""
 
@@ -80,31 +89,30 @@ class Net:
 
 def test_updates_reach_every_peer_in_a_mesh_and_ids_are_learned():
     net = Net(3)
-    rxs = net.deliver("a", net.cores["a"].publish({1: 10.0, 2: 20.0}, now=5.0))
-    assert sorted((rx.header.dst, rx.header.class_id, rx.payload) for rx in rxs) == [
-        ("", 1, Update(10.0)), ("", 1, Update(10.0)), ("", 2, Update(20.0)), ("", 2, Update(20.0))]
+    rxs = net.deliver("a", net.cores["a"].publish(vals({1: 10.0, 2: 20.0}), now=5.0))
+    assert [(rx.header.dst, values_of(rx)) for rx in rxs] == [("", [(1, 10.0), (2, 20.0)])] * 2
     assert {rx.header.node for rx in rxs} == {"A"} and rxs[0].header.sent_at == 5.0
     # b has now learned that "a" is A, so its datagrams to a name the receiver
     rx = net.deliver("b", [s for s in net.cores["b"].publish({}, 6.0) if s[0] == "a"])[0]
-    assert rx.header.dst == "A" and rx.payload == Heartbeat()
+    assert rx.header.dst == "A" and rx.payload == Batch()
 
 
 def test_heartbeat_when_nothing_to_publish():
     net = Net(3)
     sent = net.cores["a"].publish({}, 0.0)
     assert len(sent) == 2
-    assert all(rx.payload == Heartbeat() for rx in net.deliver("a", sent))
+    assert all(rx.payload == Batch() for rx in net.deliver("a", sent))
 
 
 def test_loss_detection_and_late_arrival():
     net = Net(2)
     a, b = net.cores["a"], net.cores["b"]
-    stream = [a.publish({1: float(i)}, i)[0][1] for i in range(6)]
+    stream = [a.publish(vals({1: float(i)}), i)[0][1] for i in range(6)]
     assert b.receive(stream[0], "a", 0).gap == 0
     assert b.receive(stream[3], "a", 3).gap == 2       # 1 and 2 lost
     assert b.stats.lost == 2
     late = b.receive(stream[1], "a", 4)
-    assert late.gap == 0 and late.payload == Update(1.0) and b.stats.lost == 1
+    assert late.gap == 0 and values_of(late) == [(1, 1.0)] and b.stats.lost == 1
     assert b.receive(stream[5], "a", 5).gap == 1
     assert b.stats.lost == 2 and b.stats.received == 4
 
@@ -114,7 +122,7 @@ def test_replays_and_bad_sources_are_rejected_and_counted():
     a, b, c = (net.cores[x] for x in "abc")
     for core in (b, c):                       # let a learn B and C, so it fills in dst
         net.deliver(core.node_id.lower(), [s for s in core.publish({}, 0) if s[0] == "a"])
-    sent = dict(a.publish({1: 1.0}, 1.0))
+    sent = dict(a.publish(vals({1: 1.0}), 1.0))
     assert b.receive(sent["b"], "a", 1) is not None
     assert b.receive(sent["b"], "a", 1) is None                 # replay
     assert b.receive(sent["c"], "a", 1) is None                 # captured on the a->c link
@@ -131,7 +139,7 @@ def test_wrong_key_changes_nothing():
     net = Net(2)
     intruder = GossipCore("A", "c", b"w" * 32, ["b"], 1, 1)
     b = net.cores["b"]
-    assert net.deliver("a", intruder.publish({1: 1e9}, 0)) == []
+    assert net.deliver("a", intruder.publish(vals({1: 1e9}), 0)) == []
     assert b.stats.rejected == {"forged": 1} and b.stats.received == 0
     assert b.route(Envelope(Transfer(1, 1.0), dst="A"), 1, 0) is None   # nothing learned
 
@@ -140,10 +148,10 @@ def test_restarted_peer_gets_a_fresh_window_and_old_life_is_rejected():
     net = Net(2)
     b = net.cores["b"]
     old = net.cores["a"]
-    first = [old.publish({1: 1.0}, t)[0][1] for t in range(3)]
+    first = [old.publish(vals({1: 1.0}), t)[0][1] for t in range(3)]
     assert b.receive(first[2], "a", 2) is not None
     reborn = net.core("a", incarnation=2)                   # seq starts at 1 again
-    rx = b.receive(reborn.publish({1: 5.0}, 3)[0][1], "a", 3)
+    rx = b.receive(reborn.publish(vals({1: 5.0}), 3)[0][1], "a", 3)
     assert rx.header.incarnation == 2 and rx.header.seq == 1
     assert b.receive(first[0], "a", 4) is None               # a replay from the previous life
     assert b.stats.rejected == {"old_incarnation": 1}
@@ -193,15 +201,15 @@ def test_counters_and_control_bandwidth():
     stats = Stats(window_s=2.0, overhead_bytes=28)
     core = GossipCore("A", "c", KEY, ["b", "c", "d"], 2, 1, stats=stats)
     sizes = []
-    for t in range(10):                                  # 10 intervals of 0.5 s: 2 peers x 2 classes
-        sent = core.publish({1: 1.0, 2: 2.0}, t * 0.5)
-        assert len(sent) == 4
+    for t in range(10):                                  # 10 intervals of 0.5 s: 2 peers, both classes in one
+        sent = core.publish(vals({1: 1.0, 2: 2.0}), t * 0.5)
+        assert len(sent) == 2
         sizes.append(sum(len(data) for _, data in sent))
-    assert stats.sent == 40 and stats.sent_bytes == sum(sizes)
-    # the last 2 s hold 4 intervals (t = 3.0 .. 4.5) of 4 datagrams each
-    assert stats.control_bps(4.5) == pytest.approx(8 * (sum(sizes[-4:]) + 16 * 28) / 2.0)
+    assert stats.sent == 20 and stats.sent_bytes == sum(sizes)
+    # the last 2 s hold 4 intervals (t = 3.0 .. 4.5) of 2 datagrams each
+    assert stats.control_bps(4.5) == pytest.approx(8 * (sum(sizes[-4:]) + 8 * 28) / 2.0)
     assert stats.control_bps(100.0) == 0.0
-    assert stats.as_dict(100.0)["sent"] == 40
+    assert stats.as_dict(100.0)["sent"] == 20
 
 
 # -- real UDP on loopback -----------------------------------------------------------------------
@@ -237,13 +245,13 @@ def test_udp_loopback_right_and_wrong_key():
     with udp("A", sa, [pb, pc]) as a, udp("B", sb, [pa, pc]) as b, \
             udp("C", sc, [pa, pb], key=b"w" * 32) as intruder:
         members = Membership("B", b.peer_addrs, timeout_s=1.0)
-        a.publish({1: 125000.0}, now=0.0)
-        intruder.publish({1: 9e9}, now=0.0)
-        a.publish({1: 250000.0}, now=0.1)
+        a.publish(vals({1: 125000.0}), now=0.0)
+        intruder.publish(vals({1: 9e9}), now=0.0)
+        a.publish(vals({1: 250000.0}), now=0.1)
         rxs = poll_until(b, 0.1, 2)
         for rx in rxs:
             members.observe(rx, 0.1)
-        assert [rx.payload for rx in rxs] == [Update(125000.0), Update(250000.0)]
+        assert [values_of(rx) for rx in rxs] == [[(1, 125000.0)], [(1, 250000.0)]]
         view = members.view(1, 0.1)
         assert view.remote_sum == 250000.0 and view.n_alive == 1
         assert view.members == ("?127.0.0.1:%d" % pc, "A", "B")
@@ -257,10 +265,10 @@ def test_udp_queue_bound_and_oversized():
     (sa, sb), (pa, pb) = bound(2)
     with udp("A", sa, [pb]) as a, udp("B", sb, [pa], queue_size=2) as b:
         for t in range(5):
-            a.publish({1: float(t)}, t)
+            a.publish(vals({1: float(t)}), t)
         a.sock.sendto(b"x" * (MAX_DATAGRAM + 100), ("127.0.0.1", pb))
         got = poll_until(b, 5.0, 2, tries=1)
-        assert [rx.payload.value for rx in got] == [0.0, 1.0]
+        assert [values_of(rx) for rx in got] == [[(1, 0.0)], [(1, 1.0)]]
         assert b.stats.rejected == {"queue_full": 4}
         a.sock.sendto(b"x" * (MAX_DATAGRAM + 100), ("127.0.0.1", pb))
         poll_until(b, 6.0, 1, tries=1)
@@ -302,5 +310,5 @@ def test_udp_ipv6_loopback():
                          key=KEY, branching=1, incarnation=1) as b:
         a.publish({}, 0.0)
         [rx] = poll_until(b, 0.0, 1)
-        assert rx.addr == ("::1", pa) and rx.payload == Heartbeat()
+        assert rx.addr == ("::1", pa) and rx.payload == Batch()
         assert b.stats.overhead_bytes == 48

@@ -9,7 +9,7 @@ import pytest
 from agent.gossip import Received
 from agent.membership import Membership, liveness_timeout
 from agent.model import Local, Snapshot, Transfer, effective_limit
-from agent.wire import Header, Heartbeat, Update
+from agent.wire import Batch, ClassValue, Header
 
 PEERS = [("10.0.0.2", 7000), ("10.0.0.3", 7000), ("10.0.0.4", 7000)]
 GLOBAL_BPS = 1_200_000.0
@@ -22,9 +22,12 @@ class Peer:
         self.addr, self.node, self.incarnation, self.seq = addr, node, incarnation, 0
 
     def rx(self, payload, class_id=1, seq=None, gap=0):
+        """A datagram carrying ``payload``; a number is that class's value in a Batch,
+        whose per-class seq is the datagram's here."""
         self.seq = seq if seq is not None else self.seq + 1
-        h = Header(cluster="c", node=self.node, seq=self.seq, incarnation=self.incarnation,
-                   sent_at=0.0, class_id=class_id)
+        h = Header(cluster="c", node=self.node, seq=self.seq, incarnation=self.incarnation, sent_at=0.0)
+        if isinstance(payload, float):
+            payload = Batch((ClassValue(class_id, self.seq, payload),))
         return Received(h, payload, self.addr, gap)
 
 
@@ -49,30 +52,30 @@ def test_unheard_peers_are_stale_placeholders_and_n_is_from_config(m):
 
 def test_timeout_zeroes_stale_values_shrinks_the_limit_and_recovers(m):
     n2, n3, n4 = (Peer(a, f"n{i + 2}") for i, a in enumerate(PEERS))
-    m.observe(n2.rx(Update(100.0)), 0.0)
-    m.observe(n3.rx(Update(200.0)), 0.0)
-    m.observe(n4.rx(Update(400.0)), 0.0)
+    m.observe(n2.rx(100.0), 0.0)
+    m.observe(n3.rx(200.0), 0.0)
+    m.observe(n4.rx(400.0), 0.0)
     view = m.view(1, 0.3)                           # exactly at the timeout: still alive
     assert view.members == ("n1", "n2", "n3", "n4")
     assert view.remote_sum == 700.0 and view.n_alive == 3 and limit(view) == GLOBAL_BPS
-    m.observe(n2.rx(Heartbeat(), class_id=0), 0.2)  # heartbeats keep a peer alive
-    m.observe(n3.rx(Update(250.0)), 0.25)
+    m.observe(n2.rx(Batch()), 0.2)  # heartbeats keep a peer alive
+    m.observe(n3.rx(250.0), 0.25)
     view = m.view(1, 0.4)                           # n4 silent for 0.4 s > 0.3 s
     assert view.peers["n4"] == type(view.peers["n4"])("n4", 0.0, False, 0.4)
     assert view.remote_sum == 350.0 and view.n_alive == 2 and view.n_stale == 1
     assert limit(view) == pytest.approx(GLOBAL_BPS * 3 / 4)   # one 1/N share gone (§5.6)
     view = m.view(1, 10.0)                          # everyone gone: the 1/N limiter
     assert view.remote_sum == 0.0 and limit(view) == GLOBAL_BPS / 4
-    m.observe(n4.rx(Update(50.0)), 10.0)            # recovery
+    m.observe(n4.rx(50.0), 10.0)            # recovery
     view = m.view(1, 10.1)
     assert view.peers["n4"].alive and view.remote_sum == 50.0 and view.n_alive == 1
 
 
 def test_values_are_per_class_and_newest_wins(m):
     n2 = Peer(PEERS[0], "n2")
-    m.observe(n2.rx(Update(5.0), class_id=1, seq=5), 0.0)
-    m.observe(n2.rx(Update(9.0), class_id=2, seq=6), 0.0)
-    m.observe(n2.rx(Update(3.0), class_id=1, seq=4), 0.1)     # reordered, older: ignored
+    m.observe(n2.rx(5.0, class_id=1, seq=5), 0.0)
+    m.observe(n2.rx(9.0, class_id=2, seq=6), 0.0)
+    m.observe(n2.rx(3.0, class_id=1, seq=4), 0.1)     # reordered, older: ignored
     assert m.view(1, 0.1).remote_sum == 5.0
     assert m.view(2, 0.1).remote_sum == 9.0
     assert m.view(3, 0.1).remote_sum == 0.0 and m.view(3, 0.1).n_alive == 1
@@ -82,30 +85,30 @@ def test_values_are_per_class_and_newest_wins(m):
 
 def test_restarted_peer_starts_clean(m):
     old = Peer(PEERS[0], "n2", incarnation=1)
-    m.observe(old.rx(Update(5.0), class_id=1, seq=900), 0.0)
-    m.observe(old.rx(Update(6.0), class_id=2, seq=901), 0.0)
+    m.observe(old.rx(5.0, class_id=1, seq=900), 0.0)
+    m.observe(old.rx(6.0, class_id=2, seq=901), 0.0)
     new = Peer(PEERS[0], "n2", incarnation=2)
-    m.observe(new.rx(Update(7.0), class_id=1), 1.0)            # seq 1 < 900, but a new life
+    m.observe(new.rx(7.0, class_id=1), 1.0)            # seq 1 < 900, but a new life
     assert m.view(1, 1.0).remote_sum == 7.0
     assert m.view(2, 1.0).remote_sum == 0.0                    # class 2 value died with n2's old life
 
 
 def test_new_node_id_at_an_address_replaces_the_old(m):
-    m.observe(Peer(PEERS[0], "n2").rx(Update(5.0)), 0.0)
-    m.observe(Peer(PEERS[0], "n9").rx(Update(1.0)), 0.1)
+    m.observe(Peer(PEERS[0], "n2").rx(5.0), 0.0)
+    m.observe(Peer(PEERS[0], "n9").rx(1.0), 0.1)
     view = m.view(1, 0.1)
     assert "n2" not in view.peers and view.peers["n9"].value == 1.0 and view.n_nodes == 4
-    m.observe(Peer(PEERS[1], "n9").rx(Update(2.0)), 0.2)      # n9 moved: old slot reverts
+    m.observe(Peer(PEERS[1], "n9").rx(2.0), 0.2)      # n9 moved: old slot reverts
     assert m.view(1, 0.2).members == ("?10.0.0.2:7000", "?10.0.0.4:7000", "n1", "n9")
 
 
 def test_unknown_address_is_ignored(m):
-    m.observe(Peer(("10.9.9.9", 1), "x").rx(Update(1e9)), 0.0)
+    m.observe(Peer(("10.9.9.9", 1), "x").rx(1e9), 0.0)
     assert m.view(1, 0.0).remote_sum == 0.0 and "x" not in m.view(1, 0.0).members
 
 
 def test_status_rows(m):
-    m.observe(Peer(PEERS[1], "n3").rx(Update(1.0), gap=2), 1.0)
+    m.observe(Peer(PEERS[1], "n3").rx(1.0, gap=2), 1.0)
     rows = m.status(1.5)
     assert rows[1] == {"node_id": "n3", "address": "10.0.0.3:7000", "state": "stale",
                        "last_seen_s": 0.5, "incarnation": 1, "lost": 2}
@@ -119,3 +122,11 @@ def test_liveness_timeout():
     assert liveness_timeout(0.1, n_peers=489, branching=3, misses=5) == pytest.approx(81.5)
     with pytest.raises(ValueError, match="timeout must be > 0"):
         Membership("n1", PEERS, 0.0)
+
+
+def test_each_class_counts_its_own_lost_values(m):
+    n2 = Peer(PEERS[0], "n2")
+    for class_seq in (1, 2, 5):                       # class 7: 3 and 4 lost
+        m.observe(n2.rx(Batch((ClassValue(7, class_seq, 1.0), ClassValue(8, 1 + class_seq // 5, 2.0)))), 0.0)
+    assert m.class_lost[7] == 2 and m.class_lost[8] == 0
+    assert m.view(7, 0.0).remote_sum == 1.0 and m.view(8, 0.0).remote_sum == 2.0

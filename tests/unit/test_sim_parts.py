@@ -85,10 +85,10 @@ def test_delay_is_whole_ticks_at_least_one():
 def test_sizes_are_the_agent_encoders():
     ids = ("n0", "n1")
     tap = WireTap(ids, np.random.default_rng(0))
-    h = wire.Header(cluster="sim", node="n0", dst="n1", seq=300, incarnation=tap.incarnation,
-                    sent_at=2.5, class_id=1)
-    want = len(wire.encode(wire.Message(h, wire.Update(123.0)), KEY)) + IP_UDP_BYTES
-    assert tap.updates_sent(np.array([300]), np.array([123.0])) == want
+    h = wire.Header(cluster="sim", node="n0", dst="n1", seq=300, incarnation=tap.incarnation, sent_at=2.5)
+    update = wire.Batch((wire.ClassValue(1, 300, 123.0),))
+    want = len(wire.encode(wire.Message(h, update), KEY)) + IP_UDP_BYTES
+    assert tap.updates_sent(np.array([300])) == want
     from agent.model import Envelope
     env = Envelope(Transfer(xfer_id=3, amount=10.0, link_total=10.0), dst="n1")
     body = wire.Message(wire.Header(cluster="sim", node="n0", dst="n1", seq=4, incarnation=tap.incarnation,

@@ -10,7 +10,7 @@ import pytest
 
 from agent.gossip import Received
 from agent.membership import Membership, liveness_timeout
-from agent.wire import Header, Heartbeat, Update
+from agent.wire import Batch, ClassValue, Header
 from sim.engine import Setup
 from sim.network import Updates
 from sim.views import ViewTable
@@ -65,7 +65,7 @@ class Both:
             self.seq[src] = seq if seq is not None else self.seq[src] + 1
             header = Header(cluster="c", node=src, seq=self.seq[src], incarnation=self.incarnation[src],
                             sent_at=t * INTERVAL_S)
-            payload = Update(value) if kind == "update" else Heartbeat()
+            payload = Batch((ClassValue(0, self.seq[src], value),) if kind == "update" else ())
             self.members.observe(Received(header, payload, src), t * INTERVAL_S)
             (updates if kind == "update" else touched).append((j, value, self.seq[src]))
         if updates:

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
-from agent.wire import (MAX_DATAGRAM, TAG_BYTES, Header, Heartbeat, KeyFileError, Message, Reason,
-                        SeqWindow, Update, decode, encode, load_key)
+from agent.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassValue, Header, KeyFileError, LimitNote, Message,
+                        Reason, SeqWindow, decode, encode, load_key)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KEY = b"k" * 32
@@ -29,7 +29,14 @@ def header(**kw) -> Header:
     return Header(**{**base, **kw})
 
 
-PAYLOADS = [Update(1_250_000.0), Update(0.0), Heartbeat(), Transfer(7, 1e6, 3e6),
+
+
+def update(value: float) -> Batch:
+    """One class's value, as the agent gossips it."""
+    return Batch((ClassValue(key=0xC0FFEE, seq=9, value=value, version=2),))
+
+
+PAYLOADS = [update(1_250_000.0), update(0.0), Batch(), Batch((), (LimitNote(5, 2, 1.25e6),)), Transfer(7, 1e6, 3e6),
             TransferAck(7, False, 3e6), TransferAck(8, True, 0.0), LeaseRequest(5e5),
             LeaseGrant(4e5, 10.0, 2.5), Report(1e9, 2e9)]
 
@@ -52,17 +59,17 @@ def test_round_trip(payload, key):
 
 def test_update_size():
     """Measured: the paper's update is 48 B with IP+UDP (000_efbf5459a9d12355.txt §3.1);
-    ours is header + value + 32-byte tag; the numbers go into the project report."""
-    ours = encode(Message(header(), Update(1_250_000.0)), KEY)
-    insecure = encode(Message(header(), Update(1_250_000.0)), None)
+    ours is header + one class's value + 32-byte tag; the numbers go into the README."""
+    ours = encode(Message(header(), update(1_250_000.0)), KEY)
+    insecure = encode(Message(header(), update(1_250_000.0)), None)
     assert len(ours) == len(insecure) + TAG_BYTES
-    assert len(ours) == 103     # with 13-character node ids for sender and receiver
-    short = encode(Message(header(node="n1", dst="n2", cluster="c", seq=9), Update(1.5)), KEY)
-    assert len(short) == 78
+    assert len(ours) == 112     # with 13-character node ids for sender and receiver
+    short = encode(Message(header(node="n1", dst="n2", cluster="c", seq=9), update(1.5)), KEY)
+    assert len(short) == 87
 
 
 def valid() -> bytes:
-    return encode(Message(header(), Update(1.0)), KEY)
+    return encode(Message(header(), update(1.0)), KEY)
 
 
 def authentic(body: bytes) -> bytes:
@@ -77,16 +84,16 @@ def authentic(body: bytes) -> bytes:
     (valid()[:-1], Reason.FORGED),
     (valid()[:-1] + bytes([valid()[-1] ^ 1]), Reason.FORGED),
     (bytes([valid()[0] ^ 0x40]) + valid()[1:], Reason.FORGED),
-    (encode(Message(header(), Update(1.0)), b"w" * 32), Reason.FORGED),
-    (encode(Message(header(), Update(1.0)), None), Reason.FORGED),
+    (encode(Message(header(), update(1.0)), b"w" * 32), Reason.FORGED),
+    (encode(Message(header(), update(1.0)), None), Reason.FORGED),
     (authentic(b"\xff\xff\xff"), Reason.GARBAGE),
     (authentic(b"\x1a\x00"), Reason.GARBAGE),
-    (encode(Message(header(), Update(math.nan)), KEY), Reason.GARBAGE),
+    (encode(Message(header(), update(math.nan)), KEY), Reason.GARBAGE),
     (encode(Message(header(), LeaseGrant(math.inf, 1.0, 1.0)), KEY), Reason.GARBAGE),
-    (encode(Message(header(node=""), Update(1.0)), KEY), Reason.GARBAGE),
-    (encode(Message(header(seq=0), Update(1.0)), KEY), Reason.GARBAGE),
-    (encode(Message(header(version=2), Update(1.0)), KEY), Reason.UNKNOWN_VERSION),
-    (encode(Message(header(cluster="staging"), Update(1.0)), KEY), Reason.WRONG_CLUSTER),
+    (encode(Message(header(node=""), update(1.0)), KEY), Reason.GARBAGE),
+    (encode(Message(header(seq=0), update(1.0)), KEY), Reason.GARBAGE),
+    (encode(Message(header(version=1), update(1.0)), KEY), Reason.UNKNOWN_VERSION),
+    (encode(Message(header(cluster="staging"), update(1.0)), KEY), Reason.WRONG_CLUSTER),
 ], ids=["oversized", "empty", "tag-only", "cut", "tag-bit", "body-bit", "wrong-key", "untagged",
         "junk", "no-header", "nan", "inf", "no-node", "seq0", "version", "cluster"])
 def test_rejections(data, reason):
@@ -96,7 +103,7 @@ def test_rejections(data, reason):
 def test_insecure_mode_rejects_garbage_and_headerless():
     assert decode(b"", None, CLUSTER) is Reason.TRUNCATED
     assert decode(b"\xff\xff", None, CLUSTER) is Reason.GARBAGE
-    payload_only = encode(Message(header(), Update(1.0)), None)[-11:]   # the update field alone
+    payload_only = encode(Message(header(), update(1.0)), None)[-20:]   # the batch field alone
     assert decode(payload_only, None, CLUSTER) is Reason.GARBAGE
 
 

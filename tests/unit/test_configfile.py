@@ -1,0 +1,105 @@
+"""drl.toml (cli/configfile.py): parsed by the flags' own types, errors at file:line, flags on top."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from click.core import ParameterSource
+
+from agent.config import ConfigError
+from agent.units import parse_rate
+from cli.agent import load_config, up
+
+GOOD = """\
+[agent]
+iface = "lo"
+node_id = "a"
+listen = "10.0.0.1:7470"
+peers = ["b@10.0.0.2:7470", "c@10.0.0.3:7470"]
+insecure = true
+allocator = "static"        # default of every class
+ewma = 0.3
+
+[[class]]
+name = "gold"
+global = "50mbit"
+match = ["dst=198.51.100.0/24", "dport=443,proto=tcp"]
+
+[[class]]
+name = "silver"
+global = "20mbit"
+allocator = "fps"
+burst = "256KB"
+"""
+
+
+def load(tmp_path, text: str, *flags: str):
+    path = tmp_path / "drl.toml"
+    path.write_text(textwrap.dedent(text))
+    ctx = up.make_context("up", ["--config", str(path), "--socket", str(tmp_path / "s"), *flags])
+    explicit = {n for n in ctx.params if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE}
+    opts = {k: v for k, v in ctx.params.items() if k != "config"}
+    return load_config(str(path), opts, explicit, check_host=False)
+
+
+def test_a_file_gives_named_classes_with_agent_defaults(tmp_path):
+    cfg = load(tmp_path, GOOD)
+    assert cfg.iface == "lo" and cfg.node_id == "a" and len(cfg.peers) == 2 and cfg.key is None
+    gold, silver = cfg.classes
+    assert (gold.name, gold.global_Bps, gold.allocator.name, gold.ewma) == ("gold", parse_rate("50mbit"), "static", 0.3)
+    assert [str(r) for r in gold.rules] == ["dst=198.51.100.0/24", "proto=6,dport=443"]
+    assert (silver.allocator.name, silver.burst_bytes, silver.rules) == ("fps", 256_000, ())
+
+
+def test_flags_override_the_file_and_global_adds_the_class_default(tmp_path):
+    cfg = load(tmp_path, GOOD, "--node-id", "z", "--ewma", "0.5", "--global", "10mbit", "--class", "mark=0x1")
+    assert cfg.node_id == "z"
+    assert [c.name for c in cfg.classes] == ["default", "gold", "silver"]
+    assert all(c.ewma == 0.5 for c in cfg.classes)
+    assert cfg.classes[0].global_Bps == parse_rate("10mbit") and cfg.classes[0].allocator.name == "static"
+
+
+def test_reload_reads_the_file_again_with_the_flags_on_top(tmp_path):
+    cfg = load(tmp_path, GOOD, "--ewma", "0.5")
+    (tmp_path / "drl.toml").write_text(GOOD.replace('global = "20mbit"', 'global = "30mbit"'))
+    silver = cfg.reload()[1]
+    assert silver.global_Bps == parse_rate("30mbit") and silver.ewma == 0.5
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ('[agent]\ninterval = "fast"\n', ":2:", "interval"),
+    ('[agent]\nbranching = 0\n', ":2:", "branching"),
+    ('[agent]\nglobal = "1mbit"\n', ":2:", "unknown key 'global'"),
+    ('[[class]]\nname = "x"\nglobal = 50\n', ":3:", "needs a unit"),
+    ('[[class]]\nname = "x"\nglobal = "1mbit"\n\n[[class]]\nname = "y"\nglobal = "1mbit"\nmbps = 1\n', ":8:",
+     "unknown key 'mbps'"),
+    ('[[class]]\nname = "x"\nglobal = "1mbit"\n[[class]]\nname = "x"\nglobal = "2mbit"\n', ":5:", "defined twice"),
+    ('[[class]]\nname = "a b"\nglobal = "1mbit"\n', ":2:", "needs name"),
+    ('[[class]]\nname = "x"\n', ":1:", "missing global"),
+    ('[agent]\niface = "lo"\nnode_id = "a"\n[[class]]\nname = "x"\nglobal = "1mbit"\nmatch = ["dst=nowhere"]\n',
+     "class 'x'", "not an address"),
+    ('[agent\n', "drl.toml", "line 1"),
+    ('[tenant]\n', "drl.toml", "unknown table [tenant]"),
+])
+def test_a_bad_file_is_one_line_naming_file_and_line(tmp_path, text, where, what):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, text)
+    msg = str(e.value)
+    assert "\n" not in msg and where in msg and what in msg, msg
+
+
+def test_no_class_at_all_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="no class to limit"):
+        load(tmp_path, '[agent]\niface = "lo"\n')
+
+
+def test_class_without_global_flag_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="give --global RATE with it"):
+        load(tmp_path, GOOD, "--class", "dport=80")
+
+
+def test_peers_need_a_key_but_a_lone_agent_does_not(tmp_path):
+    with pytest.raises(ConfigError, match="cluster key"):
+        load(tmp_path, GOOD.replace("insecure = true\n", ""))
+    lone = load(tmp_path, '[agent]\niface = "lo"\n[[class]]\nname = "x"\nglobal = "1mbit"\n')
+    assert lone.standalone and lone.key is None
