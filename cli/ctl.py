@@ -4,6 +4,8 @@ Examples:
 
     drlctl status
     drlctl --socket /run/drl/eth0.sock status --json
+    drlctl classes
+    drlctl set gold --global 100mbit
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 import click
 
 from agent.control import DEFAULT_SOCKET, ControlError, request
-from agent.units import format_rate, format_size
+from agent.units import UnitError, format_rate, format_size, parse_rate
 
 
 @click.group(context_settings={"auto_envvar_prefix": "DRL", "help_option_names": ["-h", "--help"]})
@@ -47,11 +49,66 @@ def status(socket_path: str, as_json: bool) -> None:
     click.echo(render(st))
 
 
+@main.command("set")
+@click.argument("class_name", metavar="CLASS")
+@click.option("--global", "global_rate", required=True, metavar="RATE", help="The class's new global limit, e.g. 100mbit.")
+@click.pass_obj
+def set_limit(socket_path: str, class_name: str, global_rate: str) -> None:
+    """Change CLASS's global limit on every agent (a new version, gossiped within seconds).
+
+    \b
+    Examples:
+      drlctl set gold --global 100mbit
+    """
+    try:
+        parse_rate(global_rate)
+        reply = request(socket_path, "set", **{"class": class_name, "global": global_rate})
+    except UnitError as e:
+        raise click.BadParameter(str(e), param_hint="--global") from None
+    except ControlError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{reply['class']}: global {format_rate(reply['global_limit_bps'] / 8)} "
+               f"(version {reply['limit_version']}); the other agents follow within a few intervals")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the classes as JSON (*_bps = bits/s).")
+@click.pass_obj
+def classes(socket_path: str, as_json: bool) -> None:
+    """One row per class: limits, demand, drops, limit version."""
+    try:
+        rows = request(socket_path, "status")["status"]["classes"]
+    except ControlError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        json.dump(rows, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        return
+    click.echo(render_classes(rows))
+
+
+CLASS_COLUMNS = (("CLASS", "name", str), ("ALLOCATOR", "allocator", str),
+                 ("GLOBAL", "global_limit_bps", "rate"), ("EFFECTIVE", "effective_limit_bps", "rate"),
+                 ("LOCAL", "local_limit_bps", "rate"), ("DEMAND", "demand_bps", "rate"),
+                 ("DROP P", "drop_probability", "{:.3f}".format), ("PASSED", "passed_bytes", format_size),
+                 ("DROPPED", "dropped_bytes", format_size), ("VERSION", "limit_version", str))
+
+
+def render_classes(rows: list[dict]) -> str:
+    """The classes as an aligned table."""
+    fmt = {"rate": lambda bps: format_rate(bps / 8)}
+    cells = [[title for title, _, _ in CLASS_COLUMNS]]
+    cells += [[fmt.get(f, f)(row[key]) for _, key, f in CLASS_COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(CLASS_COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
 def render(st: dict) -> str:
     """The human view of a status dict."""
     rate = lambda key: format_rate(st[key] / 8)  # noqa: E731  (status rates are bits/s)
     lines = [
-        f"node        {st['node_id']} on {st['interface']}  (allocator {st['allocator']}, interval {st['interval_s'] * 1000:g} ms)",
+        f"node        {st['node_id']} on {st['interface']}  (allocator {st['allocator']}, interval {st['interval_s'] * 1000:g} ms, "
+        f"{len(st['classes'])} class{'es' if len(st['classes']) != 1 else ''}: drlctl classes)",
         f"global      {rate('global_limit_bps')}   effective {rate('effective_limit_bps')}",
         f"local       {rate('local_limit_bps')}   mode {st['mode']}   drop probability {st['drop_probability']:.3f}",
         f"measured    demand {rate('demand_bps')}   sent {rate('rate_bps')}   flows {st['flows']}",
@@ -62,7 +119,7 @@ def render(st: dict) -> str:
     lines.append(f"gossip      sent {g['sent']}  received {g['received']}  lost {g['lost']}  "
                  f"rejected {g['rejected']}  control {format_rate(g['control_bps'] / 8)}")
     peers = st.get("peers", [])
-    lines.append(f"peers       {len(peers)}" + ("" if peers else " (running alone)"))
+    lines.append(f"peers       {len(peers)}" + ("" if peers else " (running alone: no gossip)"))
     for p in peers:
         seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"
         lines.append(f"  {p['node_id'] or '?':<16} {p['address']:<24} {p['state']:<6} last seen {seen}")

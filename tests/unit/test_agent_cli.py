@@ -143,3 +143,21 @@ def test_clients_without_an_agent_say_so_in_one_line(cli, args):
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 1
     one_line_error(result, "/nonexistent/drl.sock")
+
+
+def test_drlctl_classes_is_a_table_with_one_row_per_class():
+    from cli.ctl import render_classes
+    row = {"name": "gold", "allocator": "fps", "global_limit_bps": 5e7, "effective_limit_bps": 5e7,
+           "local_limit_bps": 2.5e7, "demand_bps": 3e7, "drop_probability": 0.0, "passed_bytes": 1.5e9,
+           "dropped_bytes": 0, "limit_version": 2}
+    lines = render_classes([row, {**row, "name": "silver-long-name"}]).splitlines()
+    assert lines[0].split()[:3] == ["CLASS", "ALLOCATOR", "GLOBAL"] and len(lines) == 3
+    assert lines[1].startswith("gold ") and "50 Mbit/s" in lines[1] and "1.5 GB" in lines[1]
+    assert lines[1].index("fps") == lines[2].index("fps")           # aligned columns
+
+
+def test_drlctl_set_checks_the_rate_before_asking_the_agent():
+    result = CliRunner().invoke(ctl_main, ["--socket", "/nonexistent/drl.sock", "set", "gold", "--global", "5mbps"])
+    assert result.exit_code == 2 and "ambiguous" in result.output
+    result = CliRunner().invoke(ctl_main, ["--socket", "/nonexistent/drl.sock", "set", "gold", "--global", "5mbit"])
+    one_line_error(result, "/nonexistent/drl.sock")
