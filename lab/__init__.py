@@ -10,4 +10,8 @@ Layers, each usable alone: ``spec`` (the experiment as data) <- ``reader``
 -> ``netns`` (execute and tear down) -> ``agents``/``traffic`` (processes in
 the namespaces) -> ``collector`` (samples) -> ``metrics`` -> ``plots``;
 ``runner`` wires one run.  docs/lab.md documents the format and the naming.
+
+The kernel tests and benchmarks use the same layers on topologies built in
+code (``topology.pair``, ``topology.star``), with ``agents.Cluster``, the
+iperf3 helpers of ``traffic`` and the readings of ``measure``.
 """

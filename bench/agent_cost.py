@@ -1,7 +1,7 @@
 """Benchmark of the agent process: CPU, RSS and control bandwidth per limiter.
 
-    sudo .venv/bin/python bench/agent.py                 # 3 intervals x 2 group sizes, ~4 minutes
-    sudo .venv/bin/python bench/agent.py --seconds 10 --intervals 100ms --peers 2
+    sudo .venv/bin/python bench/agent_cost.py            # 3 intervals x 2 group sizes, ~4 minutes
+    sudo .venv/bin/python bench/agent_cost.py --seconds 10 --intervals 100ms --peers 2
 
 For each estimate interval and peer count, 1 + peers real agents (FPS, full
 mesh gossip, HMAC) run in namespaces on one bridge, and one TCP flow crosses
