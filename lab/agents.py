@@ -40,20 +40,26 @@ GOSSIP_PORT = 7470
 READY_TIMEOUT_S = 90.0   # bcc compiles the BPF program at start: seconds per agent on a busy machine
 
 
-def drl_agent() -> str:
-    """The drl-agent next to this Python (the venv's), else the one on PATH."""
-    beside = Path(sys.executable).with_name("drl-agent")
-    found = str(beside) if beside.exists() else shutil.which("drl-agent")
+def installed(program: str) -> str:
+    """``program`` (drl-agent, drlctl) next to this Python (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).with_name(program)
+    found = str(beside) if beside.exists() else shutil.which(program)
     if not found:
-        raise LabError("drl-agent is not installed (pip install -e . in the project)")
+        raise LabError(f"{program} is not installed (pip install -e . in the project)")
     return found
 
 
-def up_argv(program: str, *, iface: str, global_: str, allocator: str, node_id: str, socket: str, listen: str,
-            peers: Sequence[str] = (), key_file: str | None = None, options: Sequence[str] = ()) -> list[str]:
-    """``drl-agent up ...``, the one command line of every agent (lab, VMs, kernel tests)."""
-    argv = [program, "up", "--iface", iface, "--global", global_, "--allocator", allocator,
-            "--node-id", node_id, "--socket", socket, "--listen", listen]
+def drl_agent() -> str:
+    return installed("drl-agent")
+
+
+def up_argv(program: str, *, iface: str, global_: str | None, allocator: str | None, node_id: str, socket: str,
+            listen: str, peers: Sequence[str] = (), key_file: str | None = None, options: Sequence[str] = ()) -> list[str]:
+    """``drl-agent up ...``, the one command line of every agent (lab, VMs, kernel tests);
+    ``global_`` and ``allocator`` None leave them to a ``--config`` file in ``options``."""
+    argv = [program, "up", "--iface", iface, "--node-id", node_id, "--socket", socket, "--listen", listen]
+    argv += ["--global", global_] if global_ else []
+    argv += ["--allocator", allocator] if allocator else []
     if peers:
         argv += ["--peers", ",".join(peers)]
     return argv + (["--key-file", key_file] if key_file else ["--insecure"]) + list(options)
@@ -147,15 +153,15 @@ class Cluster:
     def __init__(self, lab: Lab, dir: Path, key_file: str | None = None):
         self.lab, self.dir, self.key_file = lab, dir, key_file
 
-    def argv(self, host: Host, peers: Sequence[Host] = (), allocator: str = "fps", global_: str = "10mbit",
-             *extra: str) -> list[str]:
+    def argv(self, host: Host, peers: Sequence[Host] = (), allocator: str | None = "fps",
+             global_: str | None = "10mbit", *extra: str) -> list[str]:
         return up_argv(drl_agent(), iface="eth0", global_=global_, allocator=allocator, node_id=host.name,
                        socket=str(self.dir / f"{host.name}.sock"), listen=f"{host.addr4}:{GOSSIP_PORT}",
                        peers=[f"{p.name}@{p.addr4}:{GOSSIP_PORT}" for p in peers], key_file=self.key_file,
                        options=["--state-dir", str(self.dir), *extra])
 
-    def start(self, host: Host, peers: Sequence[Host] = (), allocator: str = "fps", global_: str = "10mbit",
-              *extra: str) -> Agent:
+    def start(self, host: Host, peers: Sequence[Host] = (), allocator: str | None = "fps",
+              global_: str | None = "10mbit", *extra: str) -> Agent:
         """Start host's agent and wait until it answers."""
         log = self.dir / f"{host.name}.log"
         proc = host.popen(*self.argv(host, peers, allocator, global_, *extra), log=log)

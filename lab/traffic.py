@@ -99,11 +99,14 @@ def place(plan: Plan, seed: int = 0) -> list[Group]:
 
 
 def client_argv(target: str, port: int, seconds: int, streams: int, *opts: str, udp_bps: float | None = None,
-                length: int | None = None, cc: str | None = None) -> list[str]:
-    """``iperf3 -c``: TCP with congestion control ``cc`` (None: the machine's), or UDP at ``udp_bps``."""
+                length: int | None = None, cc: str | None = None, bitrate_bps: float | None = None) -> list[str]:
+    """``iperf3 -c``: TCP with congestion control ``cc`` (None: the machine's), paced at
+    ``bitrate_bps`` per stream if given, or UDP at ``udp_bps``."""
     argv = ["iperf3", "-c", target, "-p", str(port), "-t", str(seconds), "-P", str(streams), *opts]
     if udp_bps is not None:
         argv += ["-u", "-b", f"{udp_bps:.0f}"]
+    elif bitrate_bps is not None:
+        argv += ["-b", f"{bitrate_bps:.0f}"]
     if length is not None:
         argv += ["-l", str(length)]
     if cc and udp_bps is None:
@@ -173,7 +176,7 @@ def iperf3_server(host: Host, port: int | None = None) -> Server:
 
 def iperf3_start(host: Host, server: Server, *, seconds: int, streams: int = 1, udp_bps: float | None = None,
                  length: int | None = None, cpu: int | None = None, ipv6: bool = False,
-                 cc: str | None = "cubic") -> Client:
+                 cc: str | None = "cubic", bitrate_bps: float | None = None) -> Client:
     """Start a client on ``host`` towards ``server`` (TCP, or UDP at udp_bps bits/s); .wait() for the result.
 
     cc: TCP congestion control; cubic unless told, whatever the host's default is.
@@ -181,7 +184,8 @@ def iperf3_start(host: Host, server: Server, *, seconds: int, streams: int = 1, 
     if int(seconds) != seconds or seconds < 1:
         raise ValueError(f"iperf3 runs whole seconds >= 1, not {seconds}")   # -t 0 runs forever
     dst = server.host.addr6 if ipv6 else server.addr
-    argv = client_argv(dst, server.port, int(seconds), streams, "-J", udp_bps=udp_bps, length=length, cc=cc)
+    argv = client_argv(dst, server.port, int(seconds), streams, "-J", udp_bps=udp_bps, length=length, cc=cc,
+                       bitrate_bps=bitrate_bps)
     return Client(host.popen(*argv, cpu=cpu, capture=True), udp_bps is not None)
 
 

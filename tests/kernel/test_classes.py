@@ -1,0 +1,123 @@
+"""Many classes in real agents: a config file, a live `drlctl set`, a reload, and a lone agent.
+
+Topology (lab/topology.py's star): agents on h1..h3 limit their eth0 egress
+towards the sink h4.  Class A is TCP to ports 5201-5203 on the sink, class B
+TCP to ports 5204-5206; every agent sends one flow of each class.  A class's
+aggregate is the sum of what its counters passed on the three agents (L2
+bytes, what the limit counts).
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from lab.agents import READY_TIMEOUT_S, Agent, Cluster, drl_agent, installed, write_key
+from lab.measure import sink_rate_bps, tc_show
+from lab.metrics import within
+from lab.topology import WAN_RTO_MIN, new_run, star
+from lab.traffic import iperf3_server, iperf3_start
+
+pytestmark = pytest.mark.kernel
+
+A_PORTS, B_PORTS = (5201, 5202, 5203), (5204, 5205, 5206)
+
+
+def config(classes: dict[str, tuple[str, tuple[int, ...]]]) -> str:
+    text = '[agent]\nallocator = "fps"\ninterval = "100ms"\n'
+    for name, (rate, ports) in classes.items():
+        match = ", ".join(f'"dport={p},proto=tcp"' for p in ports)
+        text += f'\n[[class]]\nname = "{name}"\nglobal = "{rate}"\nmatch = [{match}]\n'
+    return text
+
+
+def by_class(status: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in status["classes"]}
+
+
+def passed(agents, name: str) -> int:
+    return sum(by_class(a.status()).get(name, {}).get("passed_bytes", 0) for a in agents)
+
+
+def class_rates_bps(agents, names, seconds: float) -> dict[str, float]:
+    """Each class's aggregate over the agents, from their counters, over ``seconds``."""
+    before = {n: passed(agents, n) for n in names}
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    after = {n: passed(agents, n) for n in names}
+    return {n: (after[n] - before[n]) * 8 / (time.monotonic() - t0) for n in names}
+
+
+@pytest.fixture
+def net4(make_lab):
+    return make_lab(star(4, new_run("cl"), rto_min=WAN_RTO_MIN))
+
+
+@pytest.mark.slow
+def test_two_classes_hold_their_limits_follow_a_live_set_and_survive_a_reload(net4, tmp_path):
+    h1, h2, h3, sink = net4.hosts
+    senders = (h1, h2, h3)
+    write_key(tmp_path / "cluster.key")
+    cluster = Cluster(net4, tmp_path, str(tmp_path / "cluster.key"))
+    conf = tmp_path / "drl.toml"
+    conf.write_text(config({"A": ("8mbit", A_PORTS), "B": ("4mbit", B_PORTS)}))
+    agents = [cluster.start(h, [p for p in senders if p is not h], None, None, "--config", str(conf))
+              for h in senders]
+    servers = [iperf3_server(sink, port) for port in A_PORTS + B_PORTS]
+    try:
+        # A's senders ask 5 Mbit/s each (15 for an 8 Mbit/s class), so that A unlimited
+        # after the reload is measurable without loading the machine; B's are greedy
+        clients = [iperf3_start(h, servers[i], seconds=75, bitrate_bps=5e6) for i, h in enumerate(senders)]
+        clients += [iperf3_start(h, servers[3 + i], seconds=75) for i, h in enumerate(senders)]
+        time.sleep(8)
+        rates = class_rates_bps(agents, "AB", 20)
+        assert within(rates["A"], 8e6, 0.10) and within(rates["B"], 4e6, 0.10), rates
+
+        ctl = subprocess.run([installed("drlctl"), "--socket", agents[0].socket,
+                              "set", "B", "--global", "8mbit"], capture_output=True, text=True)
+        assert ctl.returncode == 0, ctl.stderr
+        t_set = time.monotonic()
+        for a in agents:
+            st = a.wait_for(lambda s: by_class(s)["B"]["global_limit_bps"] == 8e6, 2.0)
+            assert by_class(st)["B"]["global_limit_bps"] == 8e6 and by_class(st)["B"]["limit_version"] == 1, a.host
+        assert time.monotonic() - t_set <= 2.5      # the last status read may wait for a tick
+        time.sleep(3)
+        rates = class_rates_bps(agents, "B", 10)
+        assert within(rates["B"], 8e6, 0.10), rates
+
+        conf.write_text(config({"B": ("4mbit", B_PORTS)}))        # A removed; B's file value unchanged
+        for a in agents:
+            reload = subprocess.run([drl_agent(), "reload", "--socket", a.socket], capture_output=True, text=True)
+            assert reload.returncode == 0 and "removed A" in reload.stdout, reload.stdout + reload.stderr
+        rates = class_rates_bps(agents, "B", 10)
+        a_unlimited = sum(by_class(a.status()).get("A") is None for a in agents)
+        sink_bps = sink_rate_bps(sink, 5)
+        # B keeps the live 8 Mbit/s (its file value did not change); A's 15 Mbit/s pass unpoliced
+        assert within(rates["B"], 8e6, 0.10), rates
+        assert a_unlimited == 3 and sink_bps >= 8e6 + 13e6, sink_bps
+        for c in clients:
+            c.wait()
+    finally:
+        for s in servers:
+            s.__exit__()
+
+
+def test_the_design_cards_command_limits_alone_without_a_key(net, tmp_path):
+    h1, h2 = net.hosts
+    log = tmp_path / "agent.log"
+    proc = h1.popen(drl_agent(), "up", "--iface", "eth0", "--global", "10mbit",
+                    "--socket", str(tmp_path / "a.sock"), "--state-dir", str(tmp_path), log=log)
+    agent = Agent(h1.name, str(tmp_path / "a.sock"), proc, log)
+    agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+    st = agent.status()
+    assert st["standalone"] and st["listen"] is None and st["peers"] == [] and not st["authenticated"]
+    assert "event=standalone" in log.read_text()
+    with iperf3_server(h2) as srv:
+        client = iperf3_start(h1, srv, seconds=12, streams=4)
+        time.sleep(4)
+        rate = sink_rate_bps(h2, 6)
+        client.wait()
+    assert within(rate, 10e6, 0.05), rate
+    agent.kill(15)
+    assert "clsact" not in tc_show(h1, "qdisc")
