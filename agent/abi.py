@@ -8,17 +8,23 @@ from __future__ import annotations
 
 # Map sizes (defaults; MAX_FLOWS and MAX_CLASSES are load-time choices of the agent).
 MAX_FLOWS = 4096
-MAX_CLASSES = 64
-MAX_RULES = 32
+MAX_CLASSES = 4096
+# Entries of each classification map (prefix tries, mark hash): twice the
+# classes, so that Datapath.set_rules can write a whole new rule set before
+# it deletes the old one.
+KEYS_PER_CLASS = 2
+# Rules one trie or hash entry holds, its own and those pushed down from
+# covering prefixes (agent/classify.py).
+RULES_PER_KEY = 8
+# Distinct mark masks a rule set may use (each costs a hash lookup per packet).
+MAX_MARK_MASKS = 4
+# UDP ports exempt from policing (the agents' gossip).
+MAX_EXEMPT_PORTS = 4
 
 # Fixed-point probabilities: a packet is chosen when bpf_get_prandom_u32() < p.
 PROB_ONE = 1 << 32
 # safe_rate_Bps meaning "no fail-safe limit".
 UNLIMITED = 2**64 - 1
-
-# What a matching rule does.
-RULE_CLASS = 0
-RULE_EXEMPT = 1
 
 # Class modes (agent/model.py Mode).
 MODE_PASS = 0
@@ -31,10 +37,12 @@ DROP_ACTIONS = {"shot": 2, "stolen": 4}   # TC_ACT_SHOT, TC_ACT_STOLEN
 
 def cflags(**sizes: int) -> list[str]:
     """``-DNAME=value`` for every shared constant; ``sizes`` overrides the map sizes
-    (e.g. ``MAX_FLOWS=65536``) and adds load-time choices such as ``DROP_ACTION``."""
-    values = {"MAX_FLOWS": MAX_FLOWS, "MAX_CLASSES": MAX_CLASSES, "MAX_RULES": MAX_RULES,
+    (e.g. ``MAX_CLASSES=256``; MAX_KEYS follows it) and adds load-time choices such as
+    ``DROP_ACTION``."""
+    values = {"MAX_FLOWS": MAX_FLOWS, "MAX_CLASSES": MAX_CLASSES, "RULES_PER_KEY": RULES_PER_KEY,
+              "MAX_MARK_MASKS": MAX_MARK_MASKS, "MAX_EXEMPT_PORTS": MAX_EXEMPT_PORTS,
               "PROB_ONE": f"{PROB_ONE}ULL", "UNLIMITED": f"{UNLIMITED}ULL",
-              "RULE_CLASS": RULE_CLASS, "RULE_EXEMPT": RULE_EXEMPT,
               "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP}
     values.update(sizes)
+    values.setdefault("MAX_KEYS", KEYS_PER_CLASS * values["MAX_CLASSES"])
     return [f"-D{name}={value}" for name, value in values.items()]

@@ -2,8 +2,8 @@
  *
  * Every packet goes classify -> police -> count -> sample, from map state
  * alone: the kernel never waits for Python (design.md).  agent/datapath.py
- * compiles this file with bcc, attaches it at egress, writes `rules`,
- * `settings` and `config`, and reads `counters`, `bypass_counters` and `flows`.
+ * compiles this file with bcc, attaches it at egress, writes `settings`,
+ * the classification maps (agent/classify.py lays them out) and `config`, and reads `counters`, `bypass_counters` and `flows`.
  * Layouts of every map value are in limiter.h.
  */
 #include <uapi/linux/bpf.h>
@@ -18,7 +18,15 @@
 #define NS_PER_S 1000000000ULL
 
 BPF_ARRAY(settings, struct settings, 1);                 /* agent writes; classify, sample read */
-BPF_ARRAY(rules, struct rule, MAX_RULES);                /* agent writes; classify reads */
+/* Classification (agent/classify.py lays them out; the agent writes, classify
+ * reads).  Host addresses (/32, /128) sit in a hash, because a trie lookup
+ * walks one node per level: 4,096 host prefixes cost +30 % per packet in the
+ * trie, nothing in the hash (bench/README.md, "classification"). */
+BPF_F_TABLE("hash", struct lpm_key, struct rule_list, dst_hosts, MAX_KEYS, BPF_F_NO_PREALLOC);
+BPF_LPM_TRIE(dst_prefixes, struct lpm_key, struct rule_list, MAX_KEYS);
+BPF_F_TABLE("hash", struct lpm_key, struct rule_list, src_hosts, MAX_KEYS, BPF_F_NO_PREALLOC);
+BPF_LPM_TRIE(src_prefixes, struct lpm_key, struct rule_list, MAX_KEYS);
+BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_ARRAY(config, struct class_config, MAX_CLASSES);     /* agent writes; police reads */
 BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locked); agent reads quota */
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
@@ -80,35 +88,94 @@ static __always_inline int parse(struct __sk_buff *skb, struct flow_key *k)
 	return -1;
 }
 
-static __always_inline int addr_in(const __u32 *a, const __u32 *net, const __u32 *mask)
+/* Branch-free on purpose: every bit of a field under its mask must equal
+ * the rule's.  With an early return per field, the verifier learns each
+ * field's range on each path ("sport != 0") and cannot merge the paths of
+ * one rule into the next: 8 rules x 6 lookups exceed its 1M-instruction
+ * budget (E2BIG).  XOR/AND/OR teach it nothing, so the paths merge. */
+static __always_inline int rule_matches(const struct rule *r, const struct flow_key *k)
 {
-	return ((a[0] & mask[0]) == net[0]) & ((a[1] & mask[1]) == net[1]) &
-	       ((a[2] & mask[2]) == net[2]) & ((a[3] & mask[3]) == net[3]);
+	__u32 miss = ((k->sport ^ r->sport) & r->sport_mask) | ((k->dport ^ r->dport) & r->dport_mask) |
+		     ((k->family ^ r->family) & r->family_mask) | ((k->proto ^ r->proto) & r->proto_mask);
+
+	for (int w = 0; w < 4; w++)
+		miss |= ((k->src[w] ^ r->src[w]) & r->src_mask[w]) | ((k->dst[w] ^ r->dst[w]) & r->dst_mask[w]);
+	return miss == 0;
 }
 
-static __always_inline int rule_matches(const struct rule *r, const struct flow_key *k, __u32 mark)
-{
-	if ((r->family && r->family != k->family) || (r->proto && r->proto != k->proto))
-		return 0;
-	if ((r->sport && r->sport != k->sport) || (r->dport && r->dport != k->dport))
-		return 0;
-	if ((mark & r->mark_mask) != r->mark)
-		return 0;
-	return addr_in(k->src, r->src, r->src_mask) && addr_in(k->dst, r->dst, r->dst_mask);
-}
+/* The class of an entry's first matching rule, or NO_CLASS.  A class id,
+ * not a pointer into the entry: the verifier would follow every (map, rule
+ * index) the pointer could be through the rest of the program. */
+#define NO_CLASS -1
 
-/* The first matching rule, or NULL (bypass).  The loader puts exempt rules
- * first, so gossip is never policed whatever the class rules say. */
-static __always_inline struct rule *classify(const struct settings *s, const struct flow_key *k, __u32 mark)
+static __always_inline __s64 first_match(const struct rule_list *l, const struct flow_key *k)
 {
-	for (__u32 i = 0; i < MAX_RULES; i++) {
-		if (i >= s->n_rules)
+	if (!l)
+		return NO_CLASS;
+	for (__u32 i = 0; i < RULES_PER_KEY; i++) {
+		if (i >= l->n)
 			break;
-		struct rule *r = rules.lookup(&i);
-		if (r && rule_matches(r, k, mark))
-			return r;
+		if (rule_matches(&l->rules[i], k))
+			return l->rules[i].class_id;
 	}
-	return NULL;
+	return NO_CLASS;
+}
+
+/* Mark rules, one hash lookup per installed mask, in slot order. */
+static __always_inline __s64 by_mark(const struct settings *s, const struct flow_key *k, __u32 mark)
+{
+	for (__u32 i = 0; i < MAX_MARK_MASKS; i++) {
+		struct mark_key mk = { .mask = s->mark_masks[i], .mark = mark & s->mark_masks[i] };
+		__s64 class_id;
+
+		if (!mk.mask)
+			continue;
+		class_id = first_match(marks.lookup(&mk), k);
+		if (class_id != NO_CLASS)
+			return class_id;
+	}
+	return NO_CLASS;
+}
+
+/* The packet's class, or NO_CLASS (bypass): mark rules, then the longest
+ * destination prefix, then the longest source prefix (agent/classify.py).
+ * A host entry is the longest prefix there is and carries the rules of the
+ * prefixes covering it, so the trie is only asked when there is none. */
+static __always_inline __s64 classify(const struct settings *s, const struct flow_key *k, __u32 mark)
+{
+	struct lpm_key lk = { .prefixlen = LPM_FULL, .family = k->family };
+	struct rule_list *l;
+	__s64 class_id = by_mark(s, k, mark);
+
+	if (class_id != NO_CLASS)
+		return class_id;
+	__builtin_memcpy(lk.addr, k->dst, 16);
+	l = dst_hosts.lookup(&lk);
+	if (!l)
+		l = dst_prefixes.lookup(&lk);
+	class_id = first_match(l, k);
+	if (class_id != NO_CLASS)
+		return class_id;
+	__builtin_memcpy(lk.addr, k->src, 16);
+	l = src_hosts.lookup(&lk);
+	if (!l)
+		l = src_prefixes.lookup(&lk);
+	return first_match(l, k);
+}
+
+/* The agents' own gossip (UDP to or from an exempt port) is never policed,
+ * whatever the class rules say. */
+static __always_inline int exempt(const struct settings *s, const struct flow_key *k)
+{
+	if (k->proto != IPPROTO_UDP)
+		return 0;
+	for (__u32 i = 0; i < MAX_EXEMPT_PORTS; i++) {
+		__u16 port = s->exempt_ports[i];
+
+		if (port && (port == k->sport || port == k->dport))
+			return 1;
+	}
+	return 0;
 }
 
 /* The bytes the limit counts: the L2 frame as the kernel's qdiscs (tbf)
@@ -285,17 +352,17 @@ int drl_egress(struct __sk_buff *skb)
 	__u32 zero = 0, class_id;
 	__u64 len = wire_bytes(skb), now;
 	struct settings *s = settings.lookup(&zero);
-	struct rule *r;
+	__s64 found;
 	int passed;
 
 	if (!s)
 		return TC_ACT_OK;
-	if (parse(skb, &key) < 0)
+	if (parse(skb, &key) < 0 || exempt(s, &key))
 		return bypass(len);
-	r = classify(s, &key, skb->mark);
-	if (!r || r->action == RULE_EXEMPT)
+	found = classify(s, &key, skb->mark);
+	if (found == NO_CLASS)
 		return bypass(len);
-	class_id = r->class_id;
+	class_id = found;
 	now = bpf_ktime_get_ns();
 	passed = police(class_id, len, now);
 	count(counters.lookup(&class_id), len, passed);

@@ -18,8 +18,17 @@
 #ifndef MAX_CLASSES
 #error "MAX_CLASSES comes from agent/abi.py"
 #endif
-#ifndef MAX_RULES
-#error "MAX_RULES comes from agent/abi.py"
+#ifndef MAX_KEYS
+#error "MAX_KEYS comes from agent/abi.py"
+#endif
+#ifndef RULES_PER_KEY
+#error "RULES_PER_KEY comes from agent/abi.py"
+#endif
+#ifndef MAX_MARK_MASKS
+#error "MAX_MARK_MASKS comes from agent/abi.py"
+#endif
+#ifndef MAX_EXEMPT_PORTS
+#error "MAX_EXEMPT_PORTS comes from agent/abi.py"
 #endif
 /* What a policed packet gets: TC_ACT_STOLEN by default, TC_ACT_SHOT on
  * request.  SHOT returns NET_XMIT_DROP to the local TCP stack, which enters
@@ -43,39 +52,62 @@
 #if !defined(MODE_PASS) || !defined(MODE_BUCKET) || !defined(MODE_DROP)
 #error "MODE_* come from agent/abi.py"
 #endif
-/* What a matching rule does: RULE_CLASS puts the packet in class_id,
- * RULE_EXEMPT never polices it (the agents' own gossip). */
-#if !defined(RULE_CLASS) || !defined(RULE_EXEMPT)
-#error "RULE_* come from agent/abi.py"
-#endif
 
-/* rules[i], i < settings.n_rules, checked in order; the first match wins.
- * Written by agent/datapath.py (_write_rules) from agent/classes.py ClassRule.
- * Addresses are in network byte order; an IPv4 address uses word 0 only.
- * A field with a zero mask / zero value matches anything. */
+/* One rule of a classification entry (agent/classify.py places them).
+ * Written by agent/datapath.py (_encode_rule) from agent/classes.py ClassRule.
+ * A field matches when (packet ^ value) & mask == 0: a zero mask matches
+ * anything (limiter.c rule_matches says why masks, not "0 = any").
+ * Addresses are in network byte order; an IPv4 address uses word 0 only. */
 struct rule {
 	__u32 src[4];
 	__u32 src_mask[4];
 	__u32 dst[4];
 	__u32 dst_mask[4];
-	__u32 mark;
-	__u32 mark_mask;
-	__u16 sport;        /* host byte order, 0 = any */
-	__u16 dport;        /* host byte order, 0 = any */
-	__u8  family;       /* 0 = any, 4 or 6 */
-	__u8  proto;        /* IPPROTO_*, 0 = any */
-	__u8  action;       /* RULE_CLASS | RULE_EXEMPT */
-	__u8  pad0;
+	__u16 sport;        /* host byte order */
+	__u16 sport_mask;
+	__u16 dport;        /* host byte order */
+	__u16 dport_mask;
+	__u8  family;       /* 4 or 6 */
+	__u8  family_mask;
+	__u8  proto;        /* IPPROTO_* */
+	__u8  proto_mask;
 	__u32 class_id;
-	__u32 pad1;
 };
 
-/* settings[0]: run-time knobs that are not per class.
- * Written by agent/datapath.py (_write_rules, set_sample_probability). */
-struct settings {
-	__u32 n_rules;
+/* Value of every classification map: rules[i], i < n, tried in
+ * order; the first match wins.  An entry carries its own rules, then those
+ * of the shorter prefixes covering it (agent/classify.py, push-down). */
+struct rule_list {
+	__u32 n;
 	__u32 pad0;
-	__u64 sample_prob;  /* out of PROB_ONE: chance that a new flow enters the flow table (FPS) */
+	struct rule rules[RULES_PER_KEY];
+};
+
+/* Key of the LPM tries dst_prefixes and src_prefixes, and of the host
+ * hashes dst_hosts and src_hosts (prefixlen LPM_FULL, like a packet's key).
+ * The family byte is part of the prefix: "any address" is prefixlen 0, an
+ * IPv4 /24 is 8 + 24.  Written by agent/datapath.py (_encode_prefix). */
+struct lpm_key {
+	__u32 prefixlen;
+	__u8  family;       /* 4 or 6 */
+	__u8  addr[16];     /* network byte order; IPv4 in the first 4 bytes */
+	__u8  pad0[3];
+};
+#define LPM_FULL (8 + 128)  /* a packet's key: every bit counts */
+
+/* Key of marks: a rule for skb->mark & mask == mark. */
+struct mark_key {
+	__u32 mask;
+	__u32 mark;
+};
+
+/* settings[0]: run-time knobs that are not per class.  Written by
+ * agent/datapath.py (set_rules, set_sample_probability, the constructor).
+ * With abi.py's 4 masks and 4 ports there is no padding. */
+struct settings {
+	__u64 sample_prob;                       /* out of PROB_ONE: chance that a new flow enters the flow table (FPS) */
+	__u32 mark_masks[MAX_MARK_MASKS];        /* tried in order; 0 = free slot */
+	__u16 exempt_ports[MAX_EXEMPT_PORTS];    /* UDP to or from them is never policed; 0 = none */
 };
 
 /* config[class_id]: what the agent decided for a class.

@@ -1,0 +1,100 @@
+"""Classification at scale (agent/classify.py, bpf/limiter.c classify): h1 (10.0.0.1) -> h2 (10.0.0.2).
+
+Run: sudo .venv/bin/python -m pytest -q tests/kernel/test_classify.py
+"""
+from __future__ import annotations
+
+import ipaddress
+import time
+
+import pytest
+
+from agent.classes import ClassRule, parse_class
+from agent.model import Mode
+from lab.measure import tc_show
+from lab.metrics import within
+from lab.traffic import iperf3, iperf3_start
+
+pytestmark = pytest.mark.kernel
+
+MBIT = 1e6 / 8   # bytes/s
+H2 = "10.0.0.2"
+
+
+def host_classes(n: int, last: str = H2) -> list[tuple[ClassRule, int]]:
+    """n destination /32 classes: 10.1.0.0 + i, the last one `last`."""
+    first = ipaddress.IPv4Address("10.1.0.0")
+    addrs = [str(first + i) for i in range(n - 1)] + [last]
+    return [(parse_class(f"dst={a},proto=tcp"), i) for i, a in enumerate(addrs)]
+
+
+def delta(dp, seconds: float, class_id: int):
+    """(class bytes, bypass bytes) passed during the next `seconds`."""
+    c0, b0 = dp.read_counters([class_id])[class_id].passed_bytes, dp.read_bypass().passed_bytes
+    time.sleep(seconds)
+    return dp.read_counters([class_id])[class_id].passed_bytes - c0, dp.read_bypass().passed_bytes - b0
+
+
+def test_4096_classes_limit_one_and_pass_the_rest(net, server, datapath):
+    h1 = net.hosts[0]
+    rules = host_classes(4096)
+    dp = datapath(classes=[r for r, _ in rules])      # class ids 0..4095
+    for _, class_id in rules:
+        dp.set_class(class_id, Mode.BUCKET, rate_Bps=10 * MBIT)
+    client = iperf3_start(h1, server, seconds=5, streams=2)
+    time.sleep(1.5)                            # past the initial full bucket
+    passed, _ = delta(dp, 3.0, 4095)
+    client.wait()
+    assert within(passed / 3.0, 10 * MBIT, 0.05), passed / 3.0 / MBIT
+    v6 = iperf3(h1, server, seconds=2, ipv6=True)   # in no class
+    assert v6.received_bps > 100e6, v6
+    assert dp.read_counters([0])[0].passed_packets == 0
+    dp.close()
+    assert "clsact" not in tc_show(h1, "qdisc") and tc_show(h1, "filter").strip() == ""
+
+
+def test_set_rules_at_runtime_never_unclassifies_an_unchanged_class(net, server, datapath):
+    h1 = net.hosts[0]
+    kept = (parse_class(f"dst={H2},proto=tcp"), 0)
+    removed = (parse_class("dst=fd00::2,proto=tcp"), 1)
+    others = host_classes(1000, last="10.9.9.9")
+    rules = [kept, removed] + [(r, 2 + i) for r, i in others]
+    dp = datapath(classes=[r for r, _ in rules], class_ids=[i for _, i in rules])
+    client = iperf3_start(h1, server, seconds=4, streams=2)
+    time.sleep(0.5)
+    c0, b0 = dp.read_counters([0])[0], dp.read_bypass()
+    for step in range(20):                     # add, change and drop other classes, covering prefixes too
+        extra = [(parse_class(f"dst=10.0.0.0/{8 + step % 16}"), 3000 + step)] if step % 2 else []
+        dp.set_rules([kept] + extra + [(r, 2 + (i + step) % 1000) for r, i in others[step * 40:]])
+    c1, b1 = dp.read_counters([0])[0], dp.read_bypass()
+    client.wait()
+    assert c1.passed_bytes - c0.passed_bytes > 10_000_000, (c0, c1)
+    assert b1.passed_bytes - b0.passed_bytes < 2000, (b0, b1)   # ARP/ND at most, no TCP segment
+    before = dp.read_bypass().passed_bytes
+    v6 = iperf3(h1, server, seconds=1, ipv6=True)
+    assert dp.read_counters([1])[1].passed_packets == 0
+    assert dp.read_bypass().passed_bytes - before > v6.received_bytes
+
+
+_MARKED = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, int(sys.argv[2], 0))
+for _ in range(100):
+    s.sendto(bytes(100), (sys.argv[1], 9))
+"""
+
+
+def test_ipv6_prefix_and_mark_classes(net, server, datapath):
+    h1 = net.hosts[0]
+    dp = datapath(classes=[parse_class("dst=fd00::/64,proto=tcp"), parse_class("mark=0x10/0xff"),
+                           parse_class(f"dst={H2}")])
+    dp.set_class(0, Mode.BUCKET, rate_Bps=10 * MBIT)
+    v6 = iperf3(h1, server, seconds=3, streams=2, ipv6=True)
+    assert within(v6.received_bps, 10e6, 0.15), v6
+    h1.run("python3", "-c", _MARKED, H2, "0x310")             # mark & 0xff == 0x10: the mark rule wins
+    assert dp.read_counters([1])[1].passed_packets == 100
+    h1.run("python3", "-c", _MARKED, H2, "0x311")             # no mark rule: the destination's class
+    assert dp.read_counters([2])[2].passed_packets >= 100
+    dp.reset_class(1)
+    assert dp.read_counters([1])[1] == dp.read_counters([1])[1].__class__()
