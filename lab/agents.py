@@ -57,9 +57,10 @@ def up_argv(program: str, *, iface: str, global_: str | None, allocator: str | N
             listen: str, peers: Sequence[str] = (), key_file: str | None = None, options: Sequence[str] = ()) -> list[str]:
     """``drl-agent up ...``, the one command line of every agent (lab, VMs, kernel tests);
     ``global_`` and ``allocator`` None leave them to a ``--config`` file in ``options``."""
-    argv = [program, "up", "--iface", iface, "--node-id", node_id, "--socket", socket, "--listen", listen]
+    argv = [program, "up", "--iface", iface]
     argv += ["--global", global_] if global_ else []
     argv += ["--allocator", allocator] if allocator else []
+    argv += ["--node-id", node_id, "--socket", socket, "--listen", listen]
     if peers:
         argv += ["--peers", ",".join(peers)]
     return argv + (["--key-file", key_file] if key_file else ["--insecure"]) + list(options)
