@@ -49,8 +49,8 @@ from .wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, 
 
 Addr = Hashable
 
-REPEATS = 3             # a quiet class's unchanged value goes to a peer this many times, then rests
-REFRESH_ROUNDS = 100    # ... and once more after this many rounds, in case every repeat was lost
+REPEATS = 3             # a quiet class's unchanged value goes to every peer this many times, then rests
+REFRESH_ROUNDS = 100    # ... and once more every this many rounds, in case every repeat was lost
 ANNOUNCE_ROUNDS = 3     # a limit changed here goes to every peer in this many rounds
 
 
@@ -62,12 +62,12 @@ class Outgoing:
     active: bool = True
 
 
-class _Link:
-    """What we last sent one peer about one class."""
-    __slots__ = ("seq", "value", "version", "repeats", "round")
+class _Said:
+    """What a class last published, and the round it changed."""
+    __slots__ = ("value", "version", "changed")
 
-    def __init__(self) -> None:
-        self.seq, self.value, self.version, self.repeats, self.round = 0, None, -1, 0, 0
+    def __init__(self, value: float, version: int, changed: int) -> None:
+        self.value, self.version, self.changed = value, version, changed
 
 
 def new_incarnation() -> int:
@@ -201,7 +201,9 @@ class GossipCore:
         self._windows: dict[str, tuple[int, SeqWindow]] = {}     # node -> (incarnation, window)
         self._addr_of: dict[str, Addr] = {}                      # learned: node id -> address
         self._node_at: dict[Addr, str] = {}                      # learned: address -> node id
-        self._links: dict[Addr, dict[int, _Link]] = {}           # per peer, per class key
+        self._said: dict[int, _Said] = {}                        # per class key
+        self._seqs: dict[Addr, dict[int, int]] = {}              # per peer, per class key: last seq
+        self._full: set[Addr] = set()                            # restarted peers: every class next time
         self._pending: dict[Addr, dict[int, LimitNote]] = {}     # limit notes for one peer
         self._announce: dict[int, tuple[LimitNote, int]] = {}    # limit notes for all: rounds left
         self._round = 0
@@ -213,15 +215,21 @@ class GossipCore:
         return [self.peers[i] for i in self._cycle.take(self.branching)]
 
     def publish(self, classes: Mapping[int, Outgoing], now: float) -> list[tuple[Addr, bytes]]:
-        """This round's Batches: to each target the classes due for it (see :meth:`_due`),
-        as many a datagram as fit, or one empty Batch as a heartbeat; limit notes
-        (:meth:`announce`) to whoever they are for, target or not."""
+        """This round's Batches: to each target the classes due (see :meth:`_due`), as many
+        a datagram as fit, or one empty Batch as a heartbeat; limit notes (:meth:`announce`)
+        to whoever they are for, target or not."""
         self._round += 1
         targets = self.targets()
+        due = self._due(classes)
         broadcast = self._broadcast_notes()
         out = []
         for addr in dict.fromkeys([*targets, *self._pending, *(self.peers if broadcast else ())]):
-            values = self._due(addr, classes) if addr in targets else []
+            values = []
+            if addr in targets:
+                everything = addr in self._full
+                self._full.discard(addr)
+                values = self._stamp(addr, [(k, o.value, o.version) for k, o in classes.items()] if everything
+                                     else due)
             notes = broadcast + list(self._pending.pop(addr, {}).values())
             for batch in pack(values, notes, self._room(addr)):
                 out.append((addr, self._datagram(addr, 0, batch, now)))
@@ -240,24 +248,38 @@ class GossipCore:
         self._announce = {k: (note, left - 1) for k, (note, left) in self._announce.items() if left > 1}
         return notes
 
-    def _due(self, addr: Addr, classes: Mapping[int, Outgoing]) -> list[ClassValue]:
-        """The classes ``addr`` gets this round: active ones, changed ones, an unchanged
-        quiet one until it has been sent REPEATS times, and every class again after
-        REFRESH_ROUNDS rounds (in case every repeat was lost)."""
-        links = self._links.setdefault(addr, {})
-        if len(links) > len(classes):                       # classes removed since
-            for key in [k for k in links if k not in classes]:
-                del links[key]
-        out = []
+    def _due(self, classes: Mapping[int, Outgoing]) -> list[tuple[int, float, int]]:
+        """(key, value, version) of the classes this round's targets get: active ones, and a
+        quiet one for as many rounds after its last change as it takes every peer to hear
+        it REPEATS times, then for one cycle every REFRESH_ROUNDS rounds (in case every
+        repeat was lost).  Decided once per round, not per peer: thousands of classes."""
+        cycle = -(-len(self.peers) // self.branching) if self.peers else 1
+        now, out = self._round, []
+        said = self._said
         for key, o in classes.items():
-            link = links.get(key)
-            if link is None:
-                link = links[key] = _Link()
-            link.repeats = link.repeats + 1 if (link.value, link.version) == (o.value, o.version) else 0
-            if o.active or link.repeats < REPEATS or self._round - link.round >= REFRESH_ROUNDS:
-                link.seq += 1
-                link.value, link.version, link.round = o.value, o.version, self._round
-                out.append(ClassValue(key, link.seq, o.value, o.version))
+            s = said.get(key)
+            if s is None or s.value != o.value or s.version != o.version:
+                s = said[key] = _Said(o.value, o.version, now)
+            quiet = now - s.changed
+            if o.active or quiet < REPEATS * cycle or quiet % REFRESH_ROUNDS < cycle:
+                out.append((key, o.value, o.version))
+        if len(said) > len(classes):                      # classes removed since
+            self._forget([k for k in said if k not in classes])
+        return out
+
+    def _forget(self, keys: list[int]) -> None:
+        for key in keys:
+            del self._said[key]
+            for seqs in self._seqs.values():
+                seqs.pop(key, None)
+
+    def _stamp(self, addr: Addr, entries: list[tuple[int, float, int]]) -> list[ClassValue]:
+        """The entries for ``addr`` with their per-(link, class) sequence numbers."""
+        seqs = self._seqs.setdefault(addr, {})
+        out = []
+        for key, value, version in entries:
+            seq = seqs[key] = seqs.get(key, 0) + 1
+            out.append(ClassValue(key, seq, value, version))
         return out
 
     def _room(self, addr: Addr) -> int:
@@ -300,7 +322,7 @@ class GossipCore:
         if isinstance(gap, Reason):
             return self.reject(gap)
         if restarted:                           # it forgot what we told it: tell it everything again
-            self._links.pop(addr, None)
+            self._full.add(addr)
         self._learn(h.node, addr)
         self.stats.received += 1
         self.stats.received_bytes += len(data)

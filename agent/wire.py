@@ -174,10 +174,11 @@ def _read_body(cls: type, sub) -> Payload | None:
 
 
 def _fill_batch(sub, batch: Batch) -> None:
-    sub.keys.extend(v.key for v in batch.values)
-    sub.seqs.extend(v.seq for v in batch.values)
-    sub.values.extend(v.value for v in batch.values)
-    sub.versions.extend(v.version for v in batch.values)
+    vals = batch.values
+    sub.keys.extend([v.key for v in vals])
+    sub.seqs.extend([v.seq for v in vals])
+    sub.values.extend([v.value for v in vals])
+    sub.versions.extend([v.version for v in vals])
     for note in batch.limits:
         sub.limits.add(key=note.key, version=note.version, global_Bps=note.global_Bps)
 
@@ -195,32 +196,32 @@ def _read_batch(sub) -> Batch | None:
     return Batch(tuple(map(ClassValue, keys, seqs, values, versions)), limits)
 
 
-def _varint_len(n: int) -> int:
-    return max(1, (n.bit_length() + 6) // 7)
-
-
-def _value_bytes(v: ClassValue) -> int:
-    return 4 + _varint_len(v.seq) + 4 + _varint_len(v.version)   # key fixed32, seq, float, version
-
-
 def _note_bytes(n: LimitNote) -> int:
-    inner = 5 + 1 + _varint_len(n.version) + 9
-    return 1 + _varint_len(inner) + inner
+    inner = 5 + 1 + max(1, (n.version.bit_length() + 6) // 7) + 9
+    return 1 + 1 + inner                                       # tag, length (< 128), key, version, rate
 
 
 def pack(values: list[ClassValue], limits: list[LimitNote], room: int) -> list[Batch]:
     """Split values and limit notes into Batches whose encoding takes at most ``room``
     bytes each (the datagram less its header and tag); at least one (a heartbeat)."""
     room -= 3 + 4 * 3          # the oneof's tag and length; the four packed arrays' tags and lengths
-    out, cur_v, cur_l, used = [], [], [], 0
-    for item in [*limits, *values]:
-        cost = _note_bytes(item) if isinstance(item, LimitNote) else _value_bytes(item)
-        if used + cost > room and (cur_v or cur_l):
-            out.append(Batch(tuple(cur_v), tuple(cur_l)))
-            cur_v, cur_l, used = [], [], 0
-        (cur_l if isinstance(item, LimitNote) else cur_v).append(item)
+    out, cur_l, used = [], [], 0
+    for note in limits:
+        cost = _note_bytes(note)
+        if used + cost > room and cur_l:
+            out.append(Batch((), tuple(cur_l)))
+            cur_l, used = [], 0
+        cur_l.append(note)
         used += cost
-    out.append(Batch(tuple(cur_v), tuple(cur_l)))
+    start = 0
+    for i, v in enumerate(values):
+        # key fixed32 + seq varint + float + version varint (a varint of 0 is one byte)
+        cost = 8 + (v.seq.bit_length() + 6) // 7 + ((v.version.bit_length() + 6) // 7 or 1)
+        if used + cost > room and (i > start or cur_l):
+            out.append(Batch(tuple(values[start:i]), tuple(cur_l)))
+            start, cur_l, used = i, [], 0
+        used += cost
+    out.append(Batch(tuple(values[start:]), tuple(cur_l)))
     return out
 
 
