@@ -1,7 +1,7 @@
 """Traffic classes: parse ``--class SPEC`` strings into :class:`ClassRule`.
 
 A spec is ``all`` or comma-separated ``key=value`` pairs, all of which must
-match (the datapath checks rules in order; the first match wins)::
+match::
 
     dst=10.0.0.0/8,dport=80,proto=tcp    TCP to port 80 in 10/8
     src=fd00::/64                        anything from fd00::/64
@@ -15,6 +15,20 @@ keys: ``src``, ``dst`` (address or CIDR; both must be the same family),
 ``proto`` a class also polices ICMPv6, neighbour discovery included (ARP is
 not IP and always passes), so give ``proto=tcp`` when that matters.  Several
 ``--class`` flags give class ids 0, 1, 2 ... in order (:func:`parse_classes`).
+
+Precedence when several rules match a packet (agent/classify.py compiles
+them so that the datapath needs a few map lookups, never a scan):
+
+1. rules with a ``mark`` (masks tried in the order they were installed);
+2. then the rules of the longest matching ``dst`` prefix; rules without
+   any address count as ``dst`` "any", the shortest prefix there is;
+3. then the rules of the longest matching ``src`` prefix (rules with a
+   ``src`` and no ``dst``).
+
+Within one prefix (or mark), rules are tried in the order given; a packet
+that matches a prefix but none of its rules goes on to the shorter prefixes
+covering it.  So ``all`` never hides a more specific ``dst`` rule, but it
+does hide every ``src``-only rule.
 
     >>> parse_class("dst=10.0.0.0/8,dport=80,proto=tcp").dport
     80
