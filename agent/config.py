@@ -8,6 +8,7 @@ agent/daemon.py, which still acquires sockets before it attaches anything.
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import zlib
@@ -50,7 +51,7 @@ class ClassConf:
     ewma: float
     flow_ewma: float
 
-    @property
+    @functools.cached_property
     def key(self) -> int:
         return class_key(self.name)
 

@@ -34,6 +34,9 @@ from .peers import format_addr
 from .wire import Batch
 
 
+_NOTHING = (0, 0.0)      # (seq, value) of a class a peer has not published
+
+
 def liveness_timeout(interval_s: float, n_peers: int, branching: int, misses: int = 3) -> float:
     """Silence after which a peer is stale: ``misses`` gossip cycles of ceil(n_peers/branching)
     intervals.  A peer reaches us at least once per 2 cycles (gossip.py shuffled round
@@ -63,6 +66,7 @@ class Membership:
         names = names or {}
         self._slots = {addr: _Slot(addr, names.get(addr, "")) for addr in peer_addrs}
         self.class_lost: collections.Counter[int] = collections.Counter()
+        self._rows_at: tuple | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -73,6 +77,7 @@ class Membership:
         slot = self._slots.get(rx.addr)
         if slot is None:
             return
+        self._rows_at = None
         h = rx.header
         if h.node != slot.node_id:
             slot = self._claim(rx.addr, h.node)
@@ -101,16 +106,24 @@ class Membership:
 
     def view(self, class_id: int, now: float) -> PeerView:
         """The allocator's view of ``class_id``: stale peers count 0 and are not in n_alive."""
+        rows, members = self._rows(now)
         peers = {}
         remote_sum, n_alive = 0.0, 0
-        for slot in self._slots.values():
-            alive = self._alive(slot, now)
-            value = slot.values.get(class_id, (0, 0.0))[1] if alive else 0.0
-            peers[slot.name()] = PeerState(slot.name(), value, alive, now - slot.last_seen)
+        for name, values, alive, age in rows:
+            value = values.get(class_id, _NOTHING)[1] if alive else 0.0
+            peers[name] = PeerState(name, value, alive, age)
             remote_sum += value
             n_alive += alive
-        return PeerView(members=tuple(sorted([self.node_id, *peers])), peers=peers,
-                        remote_sum=remote_sum, n_alive=n_alive)
+        return PeerView(members=members, peers=peers, remote_sum=remote_sum, n_alive=n_alive)
+
+    def _rows(self, now: float) -> tuple[list, tuple[str, ...]]:
+        """(name, values, alive, age) of every slot, and the sorted member ids, at ``now``:
+        worked out once for all the classes a tick views at one instant."""
+        if self._rows_at is None or self._rows_at[0] != now:
+            rows = [(slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen)
+                    for slot in self._slots.values()]
+            self._rows_at = (now, rows, tuple(sorted([self.node_id, *(r[0] for r in rows)])))
+        return self._rows_at[1], self._rows_at[2]
 
     def status(self, now: float) -> list[dict]:
         """One row per peer for drlctl status: node_id, address, state, last_seen_s, lost."""
