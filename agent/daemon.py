@@ -114,6 +114,7 @@ class Agent:
             raise
         self.stopping = False
         self.started = time.monotonic()
+        self.ticks = 0
         self._facts: dict[str, Any] = {}
 
     def _acquire(self, transport: Callable[[Config], Any], datapath: Callable[[Config, int | None], Any]) -> None:
@@ -293,6 +294,7 @@ class Agent:
                for run in runs}
         self.transport.publish(out, now)
         self._log_changes(now)
+        self.ticks += 1
 
     def _step(self, run: ClassRun, now: float, counters: Counters, flows: list, kernel_now: int) -> Outgoing:
         """One class's estimate -> allocate -> enforce; what it gossips this round."""
@@ -321,16 +323,19 @@ class Agent:
         return run.conf.safe_Bps if run.conf.safe_Bps is not None else limit.global_Bps / self.cfg.n_nodes
 
     def _log_changes(self, now: float) -> None:
+        """One line per peer that turned alive or stale, per class whose mode or warning changed."""
         facts = {f"peer {p['node_id']} ({p['address']})": p["state"] for p in self.members.status(now)}
-        for run in self.table:
-            if run.last is not None:
-                d = run.last[1].decision
-                facts[f"class {run.name} mode"] = Mode(d.mode).name.lower()
-                facts[f"class {run.name} warning"] = d.info.get("warning")
         for what, value in facts.items():
             if what in self._facts and self._facts[what] != value:
-                log.info("event=change what=%s now=%s", _quoted(what), _quoted(str(value)))
+                log.info("event=change what=%s now=%s", _quoted(what), value)
         self._facts = facts
+        for run in self.table:
+            d = run.last[1].decision
+            said = (Mode(d.mode).name.lower(), d.info.get("warning"))
+            for what, before, now_ in zip(("mode", "warning"), run.said or said, said):
+                if before != now_:
+                    log.info("event=change class=%s what=%s now=%s", run.name, what, _quoted(str(now_)))
+            run.said = said
 
     # -- status -----------------------------------------------------------------------------
 
@@ -342,7 +347,7 @@ class Agent:
         classes = [self._class_status(run) for run in self.table]
         first = next((c for c in classes if c["name"] == "default"), classes[0])
         out = {"node_id": cfg.node_id, "interface": cfg.iface, "interval_s": cfg.interval_s,
-               "uptime_s": now - self.started, "listen": _listen(self.transport.address),
+               "uptime_s": now - self.started, "ticks": self.ticks, "listen": _listen(self.transport.address),
                "standalone": cfg.standalone, "authenticated": cfg.key is not None,
                "gossip": self.transport.stats.as_dict(now), "peers": self.members.status(now)}
         out.update({k: v for k, v in first.items() if k != "name"})

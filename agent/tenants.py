@@ -41,6 +41,7 @@ class ClassRun:
     statefile: "StateFile | None"
     inbox: list = field(default_factory=list)
     last: tuple[Snapshot, Step, Any] | None = None
+    said: tuple[str, Any] | None = None      # (mode, warning) last logged
 
     @property
     def name(self) -> str:

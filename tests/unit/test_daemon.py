@@ -31,7 +31,7 @@ STATUS_KEYS = {
     "passed_packets", "dropped_bytes", "dropped_packets", "quota_bytes_left", "allocator_state",
     "gossip", "peers",
     # since classes: the default (or first) class's version and lost values, the lone-agent flag, every class
-    "limit_version", "gossip_lost", "standalone", "classes"}
+    "limit_version", "gossip_lost", "standalone", "classes", "ticks"}
 # The contract for each entry of "classes".
 CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "local_limit_bps", "demand_bps",
               "drop_probability", "passed_bytes", "dropped_bytes", "limit_version"}
