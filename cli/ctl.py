@@ -38,15 +38,23 @@ def status(socket_path: str, as_json: bool) -> None:
       drlctl status
       drlctl status --json | jq .local_limit_bps
     """
+    show(ask(socket_path, "status")["status"], as_json, render)
+
+
+def ask(socket_path: str, cmd: str, **args) -> dict:
+    """The agent's reply; a ControlError becomes click's one-line error."""
     try:
-        st = request(socket_path, "status")["status"]
+        return request(socket_path, cmd, **args)
     except ControlError as e:
         raise click.ClickException(str(e)) from None
+
+
+def show(data, as_json: bool, render_text) -> None:
     if as_json:
-        json.dump(st, sys.stdout, indent=2, sort_keys=True)
+        json.dump(data, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
-        return
-    click.echo(render(st))
+    else:
+        click.echo(render_text(data))
 
 
 @main.command("set")
@@ -62,11 +70,9 @@ def set_limit(socket_path: str, class_name: str, global_rate: str) -> None:
     """
     try:
         parse_rate(global_rate)
-        reply = request(socket_path, "set", **{"class": class_name, "global": global_rate})
     except UnitError as e:
         raise click.BadParameter(str(e), param_hint="--global") from None
-    except ControlError as e:
-        raise click.ClickException(str(e)) from None
+    reply = ask(socket_path, "set", **{"class": class_name, "global": global_rate})
     click.echo(f"{reply['class']}: global {format_rate(reply['global_limit_bps'] / 8)} "
                f"(version {reply['limit_version']}); the other agents follow within a few intervals")
 
@@ -76,15 +82,7 @@ def set_limit(socket_path: str, class_name: str, global_rate: str) -> None:
 @click.pass_obj
 def classes(socket_path: str, as_json: bool) -> None:
     """One row per class: limits, demand, drops, limit version."""
-    try:
-        rows = request(socket_path, "status")["status"]["classes"]
-    except ControlError as e:
-        raise click.ClickException(str(e)) from None
-    if as_json:
-        json.dump(rows, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
-        return
-    click.echo(render_classes(rows))
+    show(ask(socket_path, "status")["status"]["classes"], as_json, render_classes)
 
 
 CLASS_COLUMNS = (("CLASS", "name", str), ("ALLOCATOR", "allocator", str),
