@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from agent.classes import ClassRule
+from agent.classify import compile_rules
 from agent.estimator import Estimator
 from agent.limits import LimitBook
 from agent.model import Mode, Snapshot, Step
@@ -83,6 +84,8 @@ class ClassTable:
         changed = [c.name for c in confs if c.name in self._runs and self._runs[c.name].conf != c]
         free = sorted(set(range(self.max_classes)) - {r.class_id for r in self._runs.values()})
         added = [c.name for c in confs if c.name not in self._runs]
+        slots = {name: run.class_id for name, run in self._runs.items()} | dict(zip(added, free))
+        compile_rules(_rules(confs, slots))     # ClassifyError (one line) before anything changes
         for name, class_id in zip(added, free):
             self._start(wanted[name], class_id, members, n_nodes)
         for name in changed:
@@ -91,7 +94,7 @@ class ClassTable:
         for name in removed:
             self.book.forget(name)
         self._order(confs)
-        self.dp.set_rules([(rule, run.class_id) for run in self for rule in run.conf.rules or (ClassRule(),)])
+        self.dp.set_rules(_rules(confs, slots))
         for class_id in freed:
             self.dp.reset_class(class_id)
         self.book.save()
@@ -121,6 +124,11 @@ class ClassTable:
         """Iteration in config order (status lists classes as the file does)."""
         self._runs = {c.name: self._runs[c.name] for c in confs}
         self._by_key = {run.conf.key: run for run in self._runs.values()}
+
+
+def _rules(confs: tuple["ClassConf", ...], slots: dict[str, int]) -> list[tuple[ClassRule, int]]:
+    """Every class's match specs with its datapath slot; no spec = every IP packet."""
+    return [(rule, slots[c.name]) for c in confs for rule in c.rules or (ClassRule(),)]
 
 
 class StateFileError(Exception):

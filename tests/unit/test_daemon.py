@@ -366,3 +366,16 @@ def test_a_lone_agent_has_no_socket_and_no_key(tmp_path):
         assert a.transport.sock is None and a.status()["listen"] is None
         a.tick(time.monotonic())
         assert a.status()["local_limit_bps"] == 10e6
+
+
+def test_a_reload_whose_rules_the_datapath_cannot_hold_changes_nothing(tmp_path):
+    dp = FakeDatapath()
+    a, path = file_agent(tmp_path, TWO, dp)
+    with a:
+        rules, resets = list(dp.rules), list(dp.resets)
+        many = "".join(f'\n[[class]]\nname = "p{i}"\nglobal = "1mbit"\nmatch = ["dport={6000 + i},proto=udp"]\n'
+                       for i in range(9))                    # 9 port-only classes: 9 rules at prefix "any"
+        path.write_text(TWO + many)
+        reply = a.reload()
+        assert not reply["ok"] and "at most 8" in reply["error"], reply
+        assert dp.rules == rules and [r.name for r in a.table] == ["A", "B"] and dp.resets == resets
