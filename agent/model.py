@@ -43,7 +43,7 @@ class Local:
 @dataclass(frozen=True)
 class PeerState:
     node_id: str
-    value: float       # last published value (already loss-compensated by gossip)
+    value: float       # last published value (newest wins: agent/gossip.py, "Loss compensation")
     alive: bool
     age_s: float       # seconds since we last heard from it
 

@@ -6,7 +6,7 @@
     trace = sim.run(600, progress=print_progress)
 
 One tick is one estimate interval, and does what the agent's daemon does on
-every node, in the same order (shared/design.md "one tick"):
+every node, in the same order (docs/design.md, "one tick"):
 
 1. deliver what the network lets through: gossip Updates into every node's
    view (sim.views), point-to-point Envelopes into its inbox;

@@ -1,4 +1,4 @@
-"""The design's import arrows (shared/design.md "Layers"), read from the source with ast.
+"""The design's import arrows (docs/design.md), read from the source with ast.
 
 Data flows one way: the datapath knows nothing of allocation or gossip,
 allocators are pure (model + units + each other + stdlib), the model imports
