@@ -132,6 +132,8 @@ class Agent:
         self.table = ClassTable(self.dp, self.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
                                 max_classes=cfg.max_classes)
         self.table.apply(cfg.classes, self._member_ids(), cfg.n_nodes)
+        for run in self.table:      # peers whose file says otherwise, or who missed a change, learn ours
+            self._announce(run)
         self.dp.set_sample_probability(cfg.sample_probability)
         self.dp.attach()
 
@@ -218,20 +220,30 @@ class Agent:
                 run.inbox.append(rx.envelope)
 
     def _limits_heard(self, rx: Received) -> None:
-        """Adopt newer limits; tell a peer that enforces an older version ours."""
+        """Adopt newer limits; tell a peer that holds an older one ours."""
         changed = False
         for note in rx.payload.limits:
             run = self.table.by_key(note.key)
-            if run is not None and self.book.merge(run.name, Limit(note.version, note.global_Bps)):
+            if run is None:
+                continue
+            heard = Limit(note.version, note.global_Bps)
+            if self.book.merge(run.name, heard):
                 log.info("event=limit_changed class=%s global=%s version=%d from=%s", run.name,
                          _quoted(format_rate(note.global_Bps)), note.version, rx.header.node)
                 changed = True
+            elif heard < self.book.get(run.name):     # e.g. the same version from a file that differs
+                self._announce(run, rx.addr)
         if changed:
             self.book.save()
         for v in rx.payload.values:
             run = self.table.by_key(v.key)
-            if run is not None and v.version < (mine := self.book.get(run.name)).version:
-                self.transport.announce(LimitNote(v.key, mine.version, mine.global_Bps), rx.addr)
+            if run is not None and v.version < self.book.get(run.name).version:
+                self._announce(run, rx.addr)
+
+    def _announce(self, run: ClassRun, addr=None) -> None:
+        """``run``'s limit to ``addr``, or to every peer."""
+        limit = self.book.get(run.name)
+        self.transport.announce(LimitNote(run.conf.key, limit.version, limit.global_Bps), addr)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -256,7 +268,7 @@ class Agent:
             return {"ok": False, "error": str(e)}
         limit = self.book.set(run.name, rate)
         self.book.save()
-        self.transport.announce(LimitNote(run.conf.key, limit.version, limit.global_Bps))
+        self._announce(run)
         log.info("event=limit_changed class=%s global=%s version=%d from=drlctl", run.name,
                  _quoted(format_rate(rate)), limit.version)
         return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate), "limit_version": limit.version}
@@ -274,8 +286,7 @@ class Agent:
             return {"ok": False, "error": str(e)}
         for run in self.table:
             if run.name in changes.changed or run.name in changes.added:
-                limit = self.book.get(run.name)
-                self.transport.announce(LimitNote(run.conf.key, limit.version, limit.global_Bps))
+                self._announce(run)
         self.cfg = dataclasses.replace(self.cfg, classes=confs)
         log.info("event=reloaded classes=%d added=%s changed=%s removed=%s", len(self.table),
                  *(_quoted(",".join(names)) for names in (changes.added, changes.changed, changes.removed)))

@@ -379,3 +379,20 @@ def test_a_reload_whose_rules_the_datapath_cannot_hold_changes_nothing(tmp_path)
         reply = a.reload()
         assert not reply["ok"] and "at most 8" in reply["error"], reply
         assert dp.rules == rules and [r.name for r in a.table] == ["A", "B"] and dp.resets == resets
+
+
+def test_agents_whose_files_disagree_at_one_version_converge_on_the_higher_rate(tmp_path):
+    dp = FakeDatapath()
+    a, _ = file_agent(tmp_path, TWO, dp)            # A at 8 Mbit/s, version 0
+    peer = GossipCore("b", CLUSTER, None, PeerList([("10.0.0.1", 7470)]), 1, incarnation=1)
+    def notes(t):
+        return [n for _, data in a.transport.core.publish({}, t) for n in decode(data, None, CLUSTER).payload.limits]
+
+    with a:
+        rounds = [notes(t) for t in range(4)]
+        assert all(LimitNote(class_key("A"), 0, 1e6) in r for r in rounds[:3]) and rounds[3] == []  # at start
+        peer.announce(LimitNote(class_key("A"), 0, 5e5))               # b's file says 4 Mbit/s
+        a.transport.arrive(peer.publish({}, 0.0), B)
+        a.receive()
+        assert a.book.get("A") == Limit(0, 1e6)
+        assert notes(5) == [LimitNote(class_key("A"), 0, 1e6)]         # ... and b is told the higher one
