@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from .model import PeerState, PeerView
 from .gossip import Addr, Received
@@ -55,6 +55,25 @@ class _Slot:
 
     def name(self) -> str:
         return self.node_id or "?" + format_addr(self.addr)
+
+
+class _Peers(Mapping[str, PeerState]):
+    """One class's PeerStates, each built when an allocator asks for it (most read only
+    the view's sums, and a tick views thousands of classes)."""
+    __slots__ = ("_rows", "_class")
+
+    def __init__(self, rows: dict, class_id: int):
+        self._rows, self._class = rows, class_id
+
+    def __getitem__(self, name: str) -> PeerState:
+        _, values, alive, age = self._rows[name]
+        return PeerState(name, values.get(self._class, _NOTHING)[1] if alive else 0.0, alive, age)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 class Membership:
@@ -106,24 +125,19 @@ class Membership:
 
     def view(self, class_id: int, now: float) -> PeerView:
         """The allocator's view of ``class_id``: stale peers count 0 and are not in n_alive."""
-        rows, members = self._rows(now)
-        peers = {}
-        remote_sum, n_alive = 0.0, 0
-        for name, values, alive, age in rows:
-            value = values.get(class_id, _NOTHING)[1] if alive else 0.0
-            peers[name] = PeerState(name, value, alive, age)
-            remote_sum += value
-            n_alive += alive
-        return PeerView(members=members, peers=peers, remote_sum=remote_sum, n_alive=n_alive)
+        rows, members, n_alive = self._rows(now)
+        remote_sum = sum(values.get(class_id, _NOTHING)[1] for _, values, alive, _ in rows.values() if alive)
+        return PeerView(members=members, peers=_Peers(rows, class_id), remote_sum=remote_sum, n_alive=n_alive)
 
-    def _rows(self, now: float) -> tuple[list, tuple[str, ...]]:
-        """(name, values, alive, age) of every slot, and the sorted member ids, at ``now``:
-        worked out once for all the classes a tick views at one instant."""
+    def _rows(self, now: float) -> tuple[dict, tuple[str, ...], int]:
+        """{name: (name, values, alive, age)} of every slot, the sorted member ids and the
+        alive count at ``now``: worked out once for all the classes a tick views at one instant."""
         if self._rows_at is None or self._rows_at[0] != now:
-            rows = [(slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen)
-                    for slot in self._slots.values()]
-            self._rows_at = (now, rows, tuple(sorted([self.node_id, *(r[0] for r in rows)])))
-        return self._rows_at[1], self._rows_at[2]
+            rows = {slot.name(): (slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen)
+                    for slot in self._slots.values()}
+            self._rows_at = (now, rows, tuple(sorted([self.node_id, *rows])),
+                             sum(row[2] for row in rows.values()))
+        return self._rows_at[1:]
 
     def status(self, now: float) -> list[dict]:
         """One row per peer for drlctl status: node_id, address, state, last_seen_s, lost."""
