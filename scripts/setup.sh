@@ -17,7 +17,7 @@ say() { printf 'setup: %s\n' "$*"; }
 
 [ "$(id -u)" = 0 ] || { echo "setup: must run as root (apt-get, kernel headers)" >&2; exit 1; }
 
-APT_PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-pip iproute2 iperf3 ethtool procps kmod)
+APT_PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-pip iproute2 iperf3 ethtool procps kmod nftables)
 # vagrant is only used to `vagrant validate` the Vagrantfile; skip with DRL_NO_VAGRANT=1
 [ "${DRL_NO_VAGRANT:-0}" = 1 ] || APT_PKGS+=(vagrant)
 say "installing Debian packages: ${APT_PKGS[*]}"
