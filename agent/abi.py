@@ -9,15 +9,23 @@ from __future__ import annotations
 # Map sizes (defaults; MAX_FLOWS and MAX_CLASSES are load-time choices of the agent).
 MAX_FLOWS = 4096
 MAX_CLASSES = 4096
-# Entries of each classification map (prefix tries, mark hash): twice the
+# Entries of each classification map (dst_nets, src_nets, marks): twice the
 # classes, so that Datapath.set_rules can write a whole new rule set before
 # it deletes the old one.
 KEYS_PER_CLASS = 2
-# Rules one trie or hash entry holds, its own and those pushed down from
+# Rules one classification entry holds, its own and those pushed down from
 # covering prefixes (agent/classify.py).
 RULES_PER_KEY = 8
 # Distinct mark masks a rule set may use (each costs a hash lookup per packet).
 MAX_MARK_MASKS = 4
+# Distinct prefix lengths per direction (destination, source) a rule set may
+# use, counted as keys count them (agent/classify.py key_prefixlen: an IPv4
+# and an IPv6 /24 are one length, "any" is 0).  Each length in use costs a
+# packet at most one hash lookup per direction; free slots cost nothing.
+MAX_PREFIX_LENGTHS = 8
+# A free slot of settings.dst_lengths / src_lengths: longer than any key
+# (8 + 128), so the program skips it with the lengths its family cannot have.
+NO_PREFIX_LENGTH = 0xFF
 # UDP ports exempt from policing (the agents' gossip).
 MAX_EXEMPT_PORTS = 4
 
@@ -40,7 +48,8 @@ def cflags(**sizes: int) -> list[str]:
     (e.g. ``MAX_CLASSES=256``; MAX_KEYS follows it) and adds load-time choices such as
     ``DROP_ACTION``."""
     values = {"MAX_FLOWS": MAX_FLOWS, "MAX_CLASSES": MAX_CLASSES, "RULES_PER_KEY": RULES_PER_KEY,
-              "MAX_MARK_MASKS": MAX_MARK_MASKS, "MAX_EXEMPT_PORTS": MAX_EXEMPT_PORTS,
+              "MAX_MARK_MASKS": MAX_MARK_MASKS,
+              "MAX_PREFIX_LENGTHS": MAX_PREFIX_LENGTHS, "MAX_EXEMPT_PORTS": MAX_EXEMPT_PORTS,
               "PROB_ONE": f"{PROB_ONE}ULL", "UNLIMITED": f"{UNLIMITED}ULL",
               "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP}
     values.update(sizes)

@@ -30,6 +30,10 @@ that matches a prefix but none of its rules goes on to the shorter prefixes
 covering it.  So ``all`` never hides a more specific ``dst`` rule, but it
 does hide every ``src``-only rule.
 
+A rule set may use at most 4 distinct mark masks and 8 distinct prefix
+lengths per direction (``all`` counts as length 0; an IPv4 and an IPv6 /n
+as one length): each costs a packet a hash lookup (agent/abi.py).
+
     >>> parse_class("dst=10.0.0.0/8,dport=80,proto=tcp").dport
     80
 """

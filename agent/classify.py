@@ -1,11 +1,13 @@
 """Compile class rules into the datapath's classification maps: pure Python, no bcc, no root.
 
 The datapath (bpf/limiter.c classify) finds a packet's class in at most
-MAX_MARK_MASKS + 2 map lookups, whatever the number of classes:
+MAX_MARK_MASKS + 2 x MAX_PREFIX_LENGTHS hash lookups, whatever the number of
+classes (one per mask and per prefix length in use):
 
 1. mark rules: for each installed mask, ``marks[(mask, skb->mark & mask)]``;
-2. the longest destination prefix: ``dst`` LPM trie;
-3. the longest source prefix: ``src`` LPM trie.
+2. the longest destination prefix: ``dst_nets[(length, address & length)]``
+   for each length in ``dst_lengths``, the longest hit wins;
+3. the longest source prefix: the same in ``src_nets`` with ``src_lengths``.
 
 Each entry holds a short ordered list of rules (at most abi.RULES_PER_KEY);
 the first whose other fields (ports, protocol, the other address) match
@@ -20,10 +22,15 @@ covers it, longest first (push-down)::
     >>> c = compile_rules([(parse_class("dst=10.0.0.0/8"), 1), (parse_class("dst=10.1.0.0/16,dport=80"), 2)])
     >>> [class_id for _, class_id in c.dst[parse_class("dst=10.1.0.0/16").dst]]
     [2, 1]
+    >>> c.dst_lengths[:3]                   # key lengths: 8 + /16, 8 + /8, free
+    (24, 16, 255)
 
-Masks keep their slot across :func:`compile_rules` calls (``mark_masks``
-passes the previous slots in), so a runtime change never moves the mask of
-a class whose rules did not change; masks are tried in slot order.
+Mark masks and prefix lengths keep their slot across :func:`compile_rules`
+calls (``previous`` passes the installed slots in), so a runtime change
+never moves the mask or length of a class whose rules did not change; a new
+one takes a free slot.  Masks are tried in slot order; lengths in any order
+(the program keeps the longest hit), but a fresh rule set gets them longest
+first, so the first hit usually ends the search.
 """
 from __future__ import annotations
 
@@ -48,18 +55,21 @@ class Compiled:
     src: dict[Prefix, Entry]
     marks: dict[tuple[int, int], Entry]     # (mask, mark & mask)
     mark_masks: tuple[int, ...]             # slot i is tried i-th; 0 = free
+    dst_lengths: tuple[int, ...]            # key_prefixlen of dst's prefixes; abi.NO_PREFIX_LENGTH = free
+    src_lengths: tuple[int, ...]
 
     def class_ids(self) -> set[int]:
         return {class_id for table in (self.dst, self.src, self.marks)
                 for entry in table.values() for _, class_id in entry}
 
 
-EMPTY = Compiled({}, {}, {}, (0,) * abi.MAX_MARK_MASKS)
+NO_LENGTHS = (abi.NO_PREFIX_LENGTH,) * abi.MAX_PREFIX_LENGTHS
+EMPTY = Compiled({}, {}, {}, (0,) * abi.MAX_MARK_MASKS, NO_LENGTHS, NO_LENGTHS)
 
 
-def compile_rules(rules: Iterable[tuple[ClassRule, int]], mark_masks: tuple[int, ...] = EMPTY.mark_masks,
-                  ) -> Compiled:
-    """Place, push down and check ``(rule, class_id)`` pairs; ``mark_masks``: the slots installed now."""
+def compile_rules(rules: Iterable[tuple[ClassRule, int]], previous: Compiled = EMPTY) -> Compiled:
+    """Place, push down and check ``(rule, class_id)`` pairs; ``previous``: what is installed now
+    (its mask and length slots are kept)."""
     dst: dict[Prefix, list] = {}
     src: dict[Prefix, list] = {}
     marks: dict[tuple[int, int], list] = {}
@@ -71,14 +81,16 @@ def compile_rules(rules: Iterable[tuple[ClassRule, int]], mark_masks: tuple[int,
         else:
             src.setdefault(rule.src, []).append((rule, class_id))
     compiled = Compiled(_push_down(dst, "destination"), _push_down(src, "source"),
-                        {k: tuple(v) for k, v in marks.items()}, _mask_slots(marks, mark_masks))
+                        {k: tuple(v) for k, v in marks.items()}, _mask_slots(marks, previous.mark_masks),
+                        _length_slots(dst, previous.dst_lengths, "destination"),
+                        _length_slots(src, previous.src_lengths, "source"))
     for (mask, mark), entry in compiled.marks.items():
         _check_length(entry, f"mark {mark:#x}/{mask:#x}")
     return compiled
 
 
-def lpm_prefixlen(prefix: Prefix) -> int:
-    """The trie key's prefix length: the family byte counts 8 bits, so None (any) is 0."""
+def key_prefixlen(prefix: Prefix) -> int:
+    """The prefix length of its key (struct net_key): the family byte counts 8 bits, so None (any) is 0."""
     return 0 if prefix is None else 8 + prefix.prefixlen
 
 
@@ -115,4 +127,18 @@ def _mask_slots(marks: dict[tuple[int, int], list], previous: tuple[int, ...]) -
     for mask in wanted:
         if mask not in slots:
             slots[slots.index(0)] = mask
+    return tuple(slots)
+
+
+def _length_slots(table: dict[Prefix, list], previous: tuple[int, ...], direction: str) -> tuple[int, ...]:
+    """Lengths in use keep their slot; new ones, longest first, take the first free slots."""
+    wanted = sorted({key_prefixlen(p) for p in table}, reverse=True)
+    if len(wanted) > abi.MAX_PREFIX_LENGTHS:
+        shown = ", ".join("any" if n == 0 else f"/{n - 8}" for n in wanted)
+        raise ClassifyError(f"{direction}: {len(wanted)} distinct prefix lengths ({shown}), "
+                            f"at most {abi.MAX_PREFIX_LENGTHS} (an IPv4 and an IPv6 /n count as one)")
+    slots = [n if n in wanted else abi.NO_PREFIX_LENGTH for n in previous]
+    for n in wanted:
+        if n not in slots:
+            slots[slots.index(abi.NO_PREFIX_LENGTH)] = n
     return tuple(slots)

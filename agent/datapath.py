@@ -20,8 +20,9 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
   IP packet is class 0.  UDP to or from an exempt port is never policed.
 * ``set_rules(rules)``: ``rules`` is a sequence of ``(ClassRule, class_id)``
   (precedence: agent/classify.py); replaces the installed set while packets
-  flow: new and changed map entries are written first, stale ones deleted
-  last, so a class whose rules did not change is classified throughout.
+  flow: new and changed map entries are written first, then the mark masks
+  and prefix lengths, stale entries deleted last, so a class whose rules did
+  not change is classified throughout.
 * ``reset_class(class_id)``: config back to PASS, bucket and counters zero,
   before a class id is reused for another class.
 * ``attach()`` / ``detach()`` (or ``with``): idempotent; attach replaces our
@@ -56,7 +57,7 @@ from pyroute2.netns import popns, pushns
 from agent.model import Mode, SLOW_START_Bps
 from agent import abi
 from agent.classes import ClassRule
-from agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, lpm_prefixlen
+from agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
 
 try:
     from bcc import BPF
@@ -76,7 +77,6 @@ EGRESS_PARENT = "ffff:fff3"
 # Never less than 128 KiB, two 64 KiB GSO skbs.
 BURST_TIME_S = 0.300
 BURST_FLOOR = 128 * 1024
-LPM_FULL = 8 + 128      # LPM_FULL in bpf/limiter.h: a packet's key, every bit counted
 FLOOR_RATE_Bps = SLOW_START_Bps   # a bucket never refills slower (FPS slow start)
 
 
@@ -146,7 +146,9 @@ class Datapath:
         self._fn = self._load()
         self._attached = False
         self._created_clsact = False
-        self._write_settings(sample_prob=abi.PROB_ONE, exempt_ports=_exempt_ports(exempt_udp_ports))
+        self._write_settings(sample_prob=abi.PROB_ONE, exempt_ports=_exempt_ports(exempt_udp_ports),
+                             mark_masks=EMPTY.mark_masks, dst_lengths=EMPTY.dst_lengths,
+                             src_lengths=EMPTY.src_lengths)
         self.set_rules(list(zip(rules, class_ids)))
 
     # -- attach / detach ------------------------------------------------------
@@ -239,14 +241,29 @@ class Datapath:
     def set_rules(self, rules: Sequence[tuple[ClassRule, int]]) -> None:
         """Install ``(rule, class_id)`` pairs in place of the current ones, while packets flow.
 
-        Map updates are atomic per key: entries that are new or changed are
-        written first, then the mark mask slots, and entries no longer
-        needed are deleted last; unchanged entries are not touched.
+        Map updates are atomic per key.  The order, in three steps:
+
+        1. entries that are new or changed are written (unchanged ones are
+           not touched);
+        2. one settings write: mark masks and prefix lengths;
+        3. entries no longer needed are deleted.
+
+        So a newly listed mask or length has all its entries at once, and no
+        probe is spent on entries already gone.  A class whose rules did not
+        change keeps its packets throughout, and would in any order: its
+        entries are never deleted; every entry is, at any moment, the old
+        set's or the new set's, and either carries, after its own rules,
+        those of every prefix covering it in that set, its rules among them;
+        a probe of a length without entries (yet, or any more) only misses;
+        and its mask or length keeps its slot (agent/classify.py), so a
+        packet that reads the slots while they are copied (an array update
+        is a copy in place, not atomic) sees every slot old or new, each of
+        which lists it.
         """
         for _, class_id in rules:
             self._check_class(class_id)
         try:
-            new = compile_rules(rules, self._rules.mark_masks)
+            new = compile_rules(rules, self._rules)
         except ClassifyError as e:
             raise DatapathError(str(e)) from None
         old = self._rules
@@ -255,8 +272,10 @@ class Datapath:
             for key, entry in after.items():
                 if before.get(key) != entry:
                     table[encode(table.Key(), key)] = _encode_list(table.Leaf(), entry)
-        if new.mark_masks != old.mark_masks:
-            self._write_settings(mark_masks=new.mark_masks)
+        slots = {name: getattr(new, name) for name in ("mark_masks", "dst_lengths", "src_lengths")
+                 if getattr(new, name) != getattr(old, name)}
+        if slots:
+            self._write_settings(**slots)
         for table, encode, before, after in tables:
             for key in before.keys() - after.keys():
                 del table[encode(table.Key(), key)]
@@ -355,14 +374,10 @@ class Datapath:
         table[ct.c_int(0)] = s
 
     def _classification_tables(self, old: Compiled, new: Compiled) -> list:
-        """(bcc table, key encoder, old entries, new entries) per classification map.
-        Host prefixes go to a hash (bpf/limiter.c classify says why), the rest to the trie."""
-        tables = [(self._bpf[b"marks"], _encode_mark, old.marks, new.marks)]
-        for name, before, after in ((b"dst", old.dst, new.dst), (b"src", old.src, new.src)):
-            for suffix, hosts in ((b"_hosts", True), (b"_prefixes", False)):
-                tables.append((self._bpf[name + suffix], _encode_prefix,
-                               _only(before, hosts), _only(after, hosts)))
-        return tables
+        """(bcc table, key encoder, old entries, new entries) per classification map."""
+        return [(self._bpf[b"marks"], _encode_mark, old.marks, new.marks),
+                (self._bpf[b"dst_nets"], _encode_prefix, old.dst, new.dst),
+                (self._bpf[b"src_nets"], _encode_prefix, old.src, new.src)]
 
 
 def _is_ours(f) -> bool:
@@ -460,21 +475,12 @@ def _encode_list(leaf, entry):
     return leaf
 
 
-def _is_host(prefix: Prefix) -> bool:
-    return prefix is not None and prefix.prefixlen == prefix.max_prefixlen
-
-
-def _only(entries: dict[Prefix, tuple], hosts: bool) -> dict[Prefix, tuple]:
-    return {p: e for p, e in entries.items() if _is_host(p) == hosts}
-
-
 def _encode_prefix(key, prefix: Prefix):
-    """A trie key, or for a host a hash key: the one a packet to that address looks up."""
-    key.prefixlen = LPM_FULL if _is_host(prefix) else lpm_prefixlen(prefix)
+    """A net_key: the one a packet in the prefix builds at its length (limiter.c net_key)."""
+    key.prefixlen = key_prefixlen(prefix)
     if prefix is not None:
-        packed = prefix.network_address.packed
         key.family = prefix.version
-        key.addr[:] = list(packed + bytes(16 - len(packed)))
+        key.addr[:] = _net_words(prefix)[0]
     return key
 
 

@@ -3,10 +3,13 @@
     sudo .venv/bin/python bench/classify.py                 # ~1 minute
     sudo .venv/bin/python bench/classify.py --repeat 1000000 --rounds 7
 
-Loads bpf/limiter.c six times (never attached: BPF_PROG_TEST_RUN runs the
+Loads bpf/limiter.c nine times (never attached: BPF_PROG_TEST_RUN runs the
 program on a crafted packet in the kernel) with 1, 100 and 4,096 classes,
-each a destination /32 (host hash) or, second, a destination /24 (LPM
-trie), same map sizes.  The packet is Ethernet/IPv4/TCP to the
+each a destination /32, or a /24, or mixed: classes cycle through /32, /24
+and /16, the last one (the packet's) a /16, and two more rules (a /32 and a
+/24 elsewhere) keep all three lengths in use even with 1 class, so that
+every mixed packet probes /32 and /24 in vain before its /16 hits.  Same
+map sizes throughout.  The packet is Ethernet/IPv4/TCP to the
 LAST-inserted class, in a token bucket far above anything the runs reach.
 The kernel reports the mean ns per run over `repeat` runs; the loads
 alternate for `rounds` rounds and the table shows medians and the ratio to
@@ -32,7 +35,8 @@ from agent.model import Mode  # noqa: E402
 SYS_BPF = 321              # x86_64
 BPF_PROG_TEST_RUN = 10
 CLASS_COUNTS = (1, 100, 4096)
-PREFIXES = (32, 24)        # host hash, LPM trie
+KINDS = ("/32", "/24", "mixed")
+MIXED = (32, 24, 16)       # class i of a mixed load: MIXED[i % 3], the last one /16
 
 
 class TestRunAttr(ct.Structure):
@@ -47,6 +51,14 @@ class TestRunAttr(ct.Structure):
 def network(i: int, prefixlen: int) -> ipaddress.IPv4Network:
     """Class i's destination: the i-th /prefixlen from 10.0.0.0."""
     return ipaddress.ip_network((int(ipaddress.IPv4Address("10.0.0.0")) + (i << (32 - prefixlen)), prefixlen))
+
+
+def destinations(n: int, kind: str) -> list[ipaddress.IPv4Network]:
+    """The n classes' destinations; mixed ones each in a /16 of its own (none covers another)."""
+    if kind != "mixed":
+        return [network(i, int(kind[1:])) for i in range(n)]
+    lengths = [MIXED[i % 3] for i in range(n - 1)] + [16]
+    return [next(network(i, 16).subnets(new_prefix=p)) for i, p in enumerate(lengths)]
 
 
 def packet(dst: ipaddress.IPv4Address, payload: int = 1000) -> bytes:
@@ -67,9 +79,14 @@ def ns_per_run(prog_fd: int, data: bytes, repeat: int) -> float:
     return attr.duration
 
 
-def load(n_classes: int, prefixlen: int) -> Datapath:
-    rules = [ClassRule(dst=network(i, prefixlen)) for i in range(n_classes)]
-    dp = Datapath("lo", rules, max_classes=max(CLASS_COUNTS))
+def load(n_classes: int, kind: str) -> Datapath:
+    rules = [ClassRule(dst=d) for d in destinations(n_classes, kind)]
+    ids = list(range(n_classes))
+    if kind == "mixed":       # all three lengths in use whatever n: a /32 and a /24 in 172.16/12
+        rules += [ClassRule(dst=ipaddress.ip_network("172.16.0.1/32")),
+                  ClassRule(dst=ipaddress.ip_network("172.16.1.0/24"))]
+        ids += [0, 0]
+    dp = Datapath("lo", rules, class_ids=ids, max_classes=max(CLASS_COUNTS))
     dp.set_class(n_classes - 1, Mode.BUCKET, rate_Bps=1e12)
     return dp
 
@@ -79,24 +96,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    kinds = [(n, plen) for plen in PREFIXES for n in CLASS_COUNTS]
+    kinds = [(n, kind) for kind in KINDS for n in CLASS_COUNTS]
     loaded = {kind: load(*kind) for kind in kinds}
-    runs: dict[tuple[int, int], list[float]] = {kind: [] for kind in kinds}
+    runs: dict[tuple[int, str], list[float]] = {kind: [] for kind in kinds}
     try:
         for _ in range(args.rounds):
-            for (n, plen), dp in loaded.items():
-                runs[n, plen].append(ns_per_run(dp.prog_fd, packet(network(n - 1, plen)[-1]), args.repeat))
-        for (n, plen), dp in loaded.items():
+            for (n, kind), dp in loaded.items():
+                runs[n, kind].append(ns_per_run(dp.prog_fd, packet(destinations(n, kind)[-1][-1]), args.repeat))
+        for (n, kind), dp in loaded.items():
             counted = dp.read_counters([n - 1])[n - 1].passed_packets
-            assert counted == args.repeat * args.rounds, f"{n} /{plen}: the packet was not in the last class"
+            assert counted == args.repeat * args.rounds, f"{n} {kind}: the packet was not in the last class"
     finally:
         for dp in loaded.values():
             dp.close()
     print(f"| classes | ns per packet (median of {args.rounds} x {args.repeat:,} runs) | rounds | ratio to 1 |")
     print("| --- | --- | --- | --- |")
-    for n, plen in kinds:
-        med, base = statistics.median(runs[n, plen]), statistics.median(runs[1, plen])
-        print(f"| {n:,} dst /{plen} | {med:.0f} | {', '.join(f'{r:.0f}' for r in runs[n, plen])} | {med / base:.3f} |")
+    for n, kind in kinds:
+        med, base = statistics.median(runs[n, kind]), statistics.median(runs[1, kind])
+        print(f"| {n:,} dst {kind} | {med:.0f} | {', '.join(f'{r:.0f}' for r in runs[n, kind])} | {med / base:.3f} |")
 
 if __name__ == "__main__":
     main()

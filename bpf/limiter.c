@@ -19,13 +19,13 @@
 
 BPF_ARRAY(settings, struct settings, 1);                 /* agent writes; classify, sample read */
 /* Classification (agent/classify.py lays them out; the agent writes, classify
- * reads).  Host addresses (/32, /128) sit in a hash, because a trie lookup
- * walks one node per level: 4,096 host prefixes cost +30 % per packet in the
- * trie, nothing in the hash (bench/README.md, "classification"). */
-BPF_F_TABLE("hash", struct lpm_key, struct rule_list, dst_hosts, MAX_KEYS, BPF_F_NO_PREALLOC);
-BPF_LPM_TRIE(dst_prefixes, struct lpm_key, struct rule_list, MAX_KEYS);
-BPF_F_TABLE("hash", struct lpm_key, struct rule_list, src_hosts, MAX_KEYS, BPF_F_NO_PREALLOC);
-BPF_LPM_TRIE(src_prefixes, struct lpm_key, struct rule_list, MAX_KEYS);
+ * reads).  Every prefix of a direction sits in one hash, keyed by its length
+ * and masked address, and settings lists the lengths in use: a packet costs
+ * one hash lookup per length in use, whatever the number of classes.  An LPM
+ * trie walks one node per level: 4,096 /24s cost +35 % per packet there
+ * (bench/README.md, "classification"). */
+BPF_F_TABLE("hash", struct net_key, struct rule_list, dst_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct net_key, struct rule_list, src_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_ARRAY(config, struct class_config, MAX_CLASSES);     /* agent writes; police reads */
 BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locked); agent reads quota */
@@ -137,30 +137,79 @@ static __always_inline __s64 by_mark(const struct settings *s, const struct flow
 	return NO_CLASS;
 }
 
+/* Hides x from the compiler's pattern matching (libbpf's barrier_var). */
+#define opaque(x) asm volatile("" : "+r"(x))
+
+/* The first `bits` bits (clamped to 0..32) of a word, as a mask in network
+ * byte order.  Branch-free like rule_matches: x & ~(x >> 63) is max(x, 0),
+ * and opaque() keeps clang from turning it back into a compare and jump,
+ * which made the verifier walk every length x word case (E2BIG). */
+static __always_inline __u32 word_mask(__s64 bits)
+{
+	__s64 sign = bits >> 63;
+
+	opaque(sign);
+	bits = 32 - (bits & ~sign);
+	sign = bits >> 63;
+	opaque(sign);
+	bits &= ~sign;                  /* 32 - min(bits, 32): the bits to clear */
+	return bpf_htonl((__u32)(0xFFFFFFFFULL << bits));
+}
+
+/* The key of the prefix of length len (net_key: family byte included, so
+ * len is 0 or 8 + bits) that contains addr. */
+static __always_inline void net_key(struct net_key *nk, __u32 len, __u8 family, const __u32 *addr)
+{
+	nk->prefixlen = len;
+	nk->family = family & -(__s32)((len + 0xFF) >> 8);   /* 0 when len is 0 */
+	for (int w = 0; w < 4; w++)
+		nk->addr[w] = addr[w] & word_mask((__s64)len - 8 - 32 * w);
+}
+
+/* The entry of addr's longest prefix in dst_nets (src_nets if src), or NULL:
+ * one lookup per length in use that is longer than the longest hit so far.
+ * The agent fills the slots longest first, so usually the first hit ends
+ * the search; slots keep their length while it is in use (limiter.h,
+ * settings), so the order can be any after a change.  A length longer than
+ * the family allows (free slots included) is skipped. */
+static __always_inline struct rule_list *longest_prefix(const __u8 *lengths, const __u32 *addr, __u8 family,
+							int src)
+{
+	__u32 max_len = 8 + 32 + 96 * (family >> 1 & 1);   /* 4: 8 + 32, 6: 8 + 128; no branch (see rule_matches) */
+	struct rule_list *best = NULL;
+	__s32 best_len = -1;
+
+	for (__u32 i = 0; i < MAX_PREFIX_LENGTHS; i++) {
+		__u32 len = lengths[i];
+		struct net_key nk = {};
+		struct rule_list *l;
+
+		if (len > max_len || (__s32)len <= best_len)
+			continue;
+		net_key(&nk, len, family, addr);
+		l = src ? src_nets.lookup(&nk) : dst_nets.lookup(&nk);
+		if (l) {
+			best = l;
+			best_len = len;
+		}
+	}
+	return best;
+}
+
 /* The packet's class, or NO_CLASS (bypass): mark rules, then the longest
  * destination prefix, then the longest source prefix (agent/classify.py).
- * A host entry is the longest prefix there is and carries the rules of the
- * prefixes covering it, so the trie is only asked when there is none. */
+ * An entry carries the rules of the prefixes covering it after its own, so
+ * the longest prefix's entry is the only one to read. */
 static __always_inline __s64 classify(const struct settings *s, const struct flow_key *k, __u32 mark)
 {
-	struct lpm_key lk = { .prefixlen = LPM_FULL, .family = k->family };
-	struct rule_list *l;
 	__s64 class_id = by_mark(s, k, mark);
 
 	if (class_id != NO_CLASS)
 		return class_id;
-	__builtin_memcpy(lk.addr, k->dst, 16);
-	l = dst_hosts.lookup(&lk);
-	if (!l)
-		l = dst_prefixes.lookup(&lk);
-	class_id = first_match(l, k);
+	class_id = first_match(longest_prefix(s->dst_lengths, k->dst, k->family, 0), k);
 	if (class_id != NO_CLASS)
 		return class_id;
-	__builtin_memcpy(lk.addr, k->src, 16);
-	l = src_hosts.lookup(&lk);
-	if (!l)
-		l = src_prefixes.lookup(&lk);
-	return first_match(l, k);
+	return first_match(longest_prefix(s->src_lengths, k->src, k->family, 1), k);
 }
 
 /* The agents' own gossip (UDP to or from an exempt port) is never policed,

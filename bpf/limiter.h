@@ -27,6 +27,9 @@
 #ifndef MAX_MARK_MASKS
 #error "MAX_MARK_MASKS comes from agent/abi.py"
 #endif
+#ifndef MAX_PREFIX_LENGTHS
+#error "MAX_PREFIX_LENGTHS comes from agent/abi.py"
+#endif
 #ifndef MAX_EXEMPT_PORTS
 #error "MAX_EXEMPT_PORTS comes from agent/abi.py"
 #endif
@@ -83,17 +86,18 @@ struct rule_list {
 	struct rule rules[RULES_PER_KEY];
 };
 
-/* Key of the LPM tries dst_prefixes and src_prefixes, and of the host
- * hashes dst_hosts and src_hosts (prefixlen LPM_FULL, like a packet's key).
- * The family byte is part of the prefix: "any address" is prefixlen 0, an
- * IPv4 /24 is 8 + 24.  Written by agent/datapath.py (_encode_prefix). */
-struct lpm_key {
+/* Key of the prefix hashes dst_nets and src_nets: a prefix of prefixlen
+ * bits, where the family byte counts as the first 8 (as in an LPM trie key):
+ * "any address" is prefixlen 0 (family 0 too), an IPv4 /24 is 8 + 24.  The
+ * address is masked to the prefix, so a packet finds the entry of its
+ * prefix of a given length by masking its own address (limiter.c net_key).
+ * Written by agent/datapath.py (_encode_prefix). */
+struct net_key {
 	__u32 prefixlen;
-	__u8  family;       /* 4 or 6 */
-	__u8  addr[16];     /* network byte order; IPv4 in the first 4 bytes */
+	__u32 addr[4];      /* network byte order, as in rule; IPv4 uses word 0 */
+	__u8  family;       /* 4 or 6; 0 for prefixlen 0 */
 	__u8  pad0[3];
 };
-#define LPM_FULL (8 + 128)  /* a packet's key: every bit counts */
 
 /* Key of marks: a rule for skb->mark & mask == mark. */
 struct mark_key {
@@ -103,11 +107,18 @@ struct mark_key {
 
 /* settings[0]: run-time knobs that are not per class.  Written by
  * agent/datapath.py (set_rules, set_sample_probability, the constructor).
- * With abi.py's 4 masks and 4 ports there is no padding. */
+ * With abi.py's 4 masks, 4 ports and 8 lengths there is no padding.
+ * An update of an array value is a copy in place, not atomic: a packet may
+ * read some slots before it and some after.  So mark masks and prefix
+ * lengths keep their slot while they are in use (agent/classify.py): a slot
+ * read mid-update holds the old or the new value, each of them safe
+ * (Datapath.set_rules says why). */
 struct settings {
 	__u64 sample_prob;                       /* out of PROB_ONE: chance that a new flow enters the flow table (FPS) */
 	__u32 mark_masks[MAX_MARK_MASKS];        /* tried in order; 0 = free slot */
 	__u16 exempt_ports[MAX_EXEMPT_PORTS];    /* UDP to or from them is never policed; 0 = none */
+	__u8  dst_lengths[MAX_PREFIX_LENGTHS];   /* net_key prefixlens in dst_nets, any order; > 8 + 128 = free */
+	__u8  src_lengths[MAX_PREFIX_LENGTHS];   /* the same for src_nets */
 };
 
 /* config[class_id]: what the agent decided for a class.

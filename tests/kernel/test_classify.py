@@ -77,13 +77,24 @@ def test_set_rules_at_runtime_never_unclassifies_an_unchanged_class(net, server,
     assert dp.read_bypass().passed_bytes - before > v6.received_bytes
 
 
-_MARKED = """
+_SEND = """
 import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, int(sys.argv[2], 0))
+dst, proto, port, mark = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4], 0)
+family = socket.AF_INET6 if ":" in dst else socket.AF_INET
+s = socket.socket(family, *((socket.SOCK_DGRAM,) if proto == "udp" else (socket.SOCK_RAW, int(proto))))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
 for _ in range(100):
-    s.sendto(bytes(100), (sys.argv[1], 9))
+    s.sendto(bytes(100), (dst, port))
 """
+
+
+def send(host, dst: str, proto: str = "udp", port: int = 9, mark: int = 0) -> None:
+    """100 datagrams of 100 bytes from host: UDP to port, or raw IP of protocol number proto."""
+    host.run("python3", "-c", _SEND, dst, proto, str(port), hex(mark))
+
+
+def packets(dp, class_id: int) -> int:
+    return dp.read_counters([class_id])[class_id].passed_packets
 
 
 def test_ipv6_prefix_and_mark_classes(net, server, datapath):
@@ -93,9 +104,45 @@ def test_ipv6_prefix_and_mark_classes(net, server, datapath):
     dp.set_class(0, Mode.BUCKET, rate_Bps=10 * MBIT)
     v6 = iperf3(h1, server, seconds=3, streams=2, ipv6=True)
     assert within(v6.received_bps, 10e6, 0.15), v6
-    h1.run("python3", "-c", _MARKED, H2, "0x310")             # mark & 0xff == 0x10: the mark rule wins
-    assert dp.read_counters([1])[1].passed_packets == 100
-    h1.run("python3", "-c", _MARKED, H2, "0x311")             # no mark rule: the destination's class
-    assert dp.read_counters([2])[2].passed_packets >= 100
+    send(h1, H2, mark=0x310)                                  # mark & 0xff == 0x10: the mark rule wins
+    assert packets(dp, 1) == 100
+    send(h1, H2, mark=0x311)                                  # no mark rule: the destination's class
+    assert packets(dp, 2) >= 100
     dp.reset_class(1)
     assert dp.read_counters([1])[1] == Counters()
+
+
+def test_the_longest_prefix_of_every_length_in_use_wins(net, server, datapath):
+    """One hash probe per length (/32, /24, /16, /8, any): the longest entry that
+    contains the packet answers, with the rules of the shorter ones pushed down."""
+    h1 = net.hosts[0]
+    specs = [f"dst={H2},proto=udp,dport=9", "dst=10.0.0.0/24,proto=udp", "dst=10.0.0.0/16,proto=tcp",
+             "dst=10.0.0.0/8", "all"]
+    dp = datapath(classes=[parse_class(s) for s in specs])
+    send(h1, H2, port=9)
+    send(h1, H2, port=10)
+    send(h1, H2, proto="253")                                # neither UDP nor TCP: the /8
+    assert [packets(dp, i) for i in (0, 1, 3)] == [100, 100, 100]
+    iperf3(h1, server, seconds=1)
+    assert packets(dp, 2) > 1000 and packets(dp, 3) == 100
+    send(h1, "fd00::2")                                       # IPv6: only "all" (length 0) has it
+    assert packets(dp, 4) >= 100
+    dp.set_rules([(parse_class(s), i) for i, s in enumerate(specs) if i >= 2])   # /32 and /24 go
+    send(h1, H2, port=9)
+    assert packets(dp, 0) == 100 and packets(dp, 3) == 200
+
+
+def test_prefix_lengths_come_and_go_while_a_prefix_class_keeps_its_packets(net, server, datapath):
+    h1 = net.hosts[0]
+    kept = (parse_class("dst=10.0.0.0/16,proto=tcp"), 0)
+    dp = datapath(classes=[kept[0]])
+    client = iperf3_start(h1, server, seconds=4, streams=2)
+    time.sleep(0.5)
+    c0, b0 = dp.read_counters([0])[0], dp.read_bypass()
+    for step in range(200):                    # 0-7 other lengths (slots freed and reused), above and below /16
+        lengths = sorted({8 + (step * 5 + j * 3) % 24 for j in range(step % 8)})
+        dp.set_rules([kept] + [(parse_class(f"dst=10.0.0.0/{n},proto=udp"), 1 + n) for n in lengths])
+    c1, b1 = dp.read_counters([0])[0], dp.read_bypass()
+    client.wait()
+    assert c1.passed_bytes - c0.passed_bytes > 10_000_000, (c0, c1)
+    assert b1.passed_bytes - b0.passed_bytes < 2000, (b0, b1)   # ARP at most, no TCP segment

@@ -43,6 +43,11 @@ def test_every_upper_case_name_the_c_code_uses_is_known():
     assert used - local - kernel - from_abi == set()
 
 
+def test_a_free_prefix_length_slot_is_longer_than_any_key():
+    """limiter.c longest_prefix skips lengths its family cannot have, free slots with them."""
+    assert 8 + 128 < abi.NO_PREFIX_LENGTH <= 0xFF      # settings.dst_lengths is __u8
+
+
 def test_cflags_override_sizes():
     assert "-DMAX_FLOWS=65536" in abi.cflags(MAX_FLOWS=65536)
     assert f"-DPROB_ONE={1 << 32}ULL" in abi.cflags()

@@ -7,7 +7,7 @@ import pytest
 
 from agent import abi
 from agent.classes import parse_class
-from agent.classify import ClassifyError, compile_rules, lpm_prefixlen
+from agent.classify import ClassifyError, compile_rules, key_prefixlen
 
 
 def net(text: str):
@@ -50,10 +50,10 @@ def test_families_do_not_cover_each_other():
     assert ids(c.dst[net("0.0.0.0/0")]) == [0, 3]
 
 
-def test_lpm_prefixlen_counts_the_family_byte():
-    assert lpm_prefixlen(None) == 0
-    assert lpm_prefixlen(net("10.0.0.0/24")) == 32
-    assert lpm_prefixlen(net("fd00::/128")) == 136
+def test_key_prefixlen_counts_the_family_byte():
+    assert key_prefixlen(None) == 0
+    assert key_prefixlen(net("10.0.0.0/24")) == 32
+    assert key_prefixlen(net("fd00::/128")) == 136
 
 
 def test_an_overflowing_entry_names_its_prefix():
@@ -78,9 +78,41 @@ def test_at_most_four_mark_masks_in_one_line():
 def test_mark_masks_keep_their_slot_across_changes():
     first = compiled("mark=0x1/0xf", "mark=0x10/0xf0")
     assert first.mark_masks == (0xF, 0xF0, 0, 0)
-    second = compiled("mark=0x100/0xf00", "mark=0x10/0xf0", mark_masks=first.mark_masks)
+    second = compiled("mark=0x100/0xf00", "mark=0x10/0xf0", previous=first)
     assert second.mark_masks == (0xF00, 0xF0, 0, 0)      # 0xf0 stays in slot 1; 0xf00 takes the freed one
-    assert compiled(mark_masks=second.mark_masks).mark_masks == (0, 0, 0, 0)
+    assert compiled(previous=second).mark_masks == (0, 0, 0, 0)
+
+
+FREE = abi.NO_PREFIX_LENGTH
+
+
+def lengths(slots) -> list[int]:
+    return [n for n in slots if n != FREE]
+
+
+def test_prefix_lengths_of_a_fresh_rule_set_go_longest_first():
+    c = compiled("dst=10.0.0.0/16", "dst=10.1.2.3", "all", "dst=10.9.0.0/24", "src=fd00::/64", "dst=fd00::/24")
+    assert c.dst_lengths == (40, 32, 24, 0) + (FREE,) * (abi.MAX_PREFIX_LENGTHS - 4)   # v4 and v6 /24: one
+    assert lengths(c.src_lengths) == [72]
+
+
+def test_prefix_lengths_keep_their_slot_across_changes():
+    first = compiled("dst=10.0.0.0/16", "dst=10.1.2.3", "dst=10.9.0.0/24")
+    assert lengths(first.dst_lengths) == [40, 32, 24]
+    second = compiled("dst=10.1.2.3", "dst=10.8.0.0/13", "dst=10.2.0.0/16", "dst=10.3.0.0/28", previous=first)
+    assert lengths(second.dst_lengths) == [40, 36, 24, 21]       # /32, /16 stay; /28 takes /24's slot
+    assert compiled(previous=second).dst_lengths == (FREE,) * abi.MAX_PREFIX_LENGTHS
+
+
+def test_too_many_prefix_lengths_in_one_line_naming_them():
+    specs = [f"dst=10.{n}.0.0/{n},proto=udp" if n < 16 else f"dst=fd00::/{n}" for n in range(9, 17)]
+    compiled(*specs)                                              # 8 lengths: the most
+    with pytest.raises(ClassifyError, match=r"destination: 9 distinct prefix lengths "
+                                            r"\(/16, .*, /9, any\), at most 8") as err:
+        compiled(*specs, "proto=tcp")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ClassifyError, match="source: 9 distinct"):
+        compiled(*[s.replace("dst", "src") for s in specs], "src=10.1.2.3")
 
 
 def test_4096_host_classes_each_end_with_the_any_rule():
