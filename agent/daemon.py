@@ -84,7 +84,8 @@ def udp_transport(cfg: Config) -> UdpTransport | Standalone:
     if cfg.standalone:
         return Standalone()
     return UdpTransport.bind(cfg.listen, [p.addr for p in cfg.peers], node_id=cfg.node_id, cluster=CLUSTER,
-                             key=cfg.key, branching=cfg.branching, incarnation=new_incarnation())
+                             key=cfg.key, branching=cfg.branching, incarnation=new_incarnation(),
+                             names={p.addr: p.node_id for p in cfg.peers if p.node_id}, timeout_s=cfg.peer_timeout_s)
 
 
 def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
@@ -96,8 +97,8 @@ def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
 class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
-    datapath needs attach, close, set_class, set_rules, reset_class, set_sample_probability,
-    read_counters and read_flows; a transport address, resolved, peer_addrs, stats, poll,
+    datapath needs attach, close, set_class, batch, set_rules, reset_class,
+    set_sample_probability, read_counters and read_flows; a transport address, resolved, peer_addrs, stats, poll,
     publish, announce, send, close (and sock, for ``serve``)."""
 
     def __init__(self, config: Config, transport: Callable[[Config], Any] = udp_transport,
@@ -301,8 +302,9 @@ class Agent:
         for flow in self.dp.read_flows():
             flows[flow.class_id].append(flow)
         kernel_now = now_ns()
-        out = {run.conf.key: self._step(run, now, counters[run.class_id], flows[run.class_id], kernel_now)
-               for run in runs}
+        with self.dp.batch():
+            out = {run.conf.key: self._step(run, now, counters[run.class_id], flows[run.class_id], kernel_now)
+                   for run in runs}
         self.transport.publish(out, now)
         self._log_changes(now)
         self.ticks += 1

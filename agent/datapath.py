@@ -41,6 +41,7 @@ Every failure a user can cause raises :class:`DatapathError` with one line.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import ipaddress
 import os
@@ -140,6 +141,8 @@ class Datapath:
         self.max_classes = max_classes
         self._floor_rate_Bps = floor_rate_Bps
         self._quota_seq = 0
+        self._flow_keys: dict[bytes, FlowKey] = {}
+        self._pending: dict | None = None          # set_class writes collected by batch()
         self._rules = EMPTY
         self._ipr, self._ifindex = _open_link(iface, netns)
         self._bpf = _compile(max_flows, max_classes, abi.DROP_ACTIONS[drop_action])
@@ -230,7 +233,24 @@ class Datapath:
             self._quota_seq = self._quota_seq % (2**32 - 1) + 1   # never 0: 0 means no quota
             cfg.quota_seq, cfg.quota_bytes = self._quota_seq, int(quota_bytes)
         cfg.updated_ns = now_ns()
-        self._bpf[b"config"][ct.c_int(class_id)] = cfg
+        if self._pending is not None:
+            self._pending[class_id] = cfg
+        else:
+            self._bpf[b"config"][ct.c_int(class_id)] = cfg
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Inside, set_class calls are collected and written together in one syscall on
+        exit: a tick that writes a thousand classes costs one map update, not a thousand."""
+        self._pending = {}
+        try:
+            yield self
+        finally:
+            pending, self._pending = self._pending, None
+            if pending:
+                table = self._bpf[b"config"]
+                table.items_update_batch((ct.c_int * len(pending))(*pending),
+                                         (table.Leaf * len(pending))(*pending.values()))
 
     def set_sample_probability(self, p: float) -> None:
         """Chance that a packet of an untracked flow adds it to the flow table (FPS's resampleprob)."""
@@ -309,8 +329,15 @@ class Datapath:
         return _sum_cpus(self._bpf[b"bypass_counters"][ct.c_int(0)])
 
     def read_flows(self) -> list[FlowSample]:
-        return [FlowSample(_decode_key(k), v.class_id, v.bytes, v.packets, v.first_ns, v.last_ns)
-                for k, v in self._bpf[b"flows"].items()]
+        """Every tracked flow, read in one batch syscall (items() costs two per flow); a key
+        is decoded once for as long as its flow stays in the table."""
+        known, self._flow_keys = self._flow_keys, {}
+        out = []
+        for k, v in self._bpf[b"flows"].items_lookup_batch():
+            raw = bytes(k)
+            key = self._flow_keys[raw] = known.get(raw) or _decode_key(k)
+            out.append(FlowSample(key, v.class_id, v.bytes, v.packets, v.first_ns, v.last_ns))
+        return out
 
     def discard_flows(self, keys: Iterable[FlowKey]) -> None:
         """Drop flows from the sample set (FPS resamples and discards small flows)."""
@@ -431,8 +458,8 @@ def _compile(max_flows: int, max_classes: int, drop_action: int):
 
 
 def _sum_cpus(per_cpu) -> Counters:
-    return Counters(*(sum(getattr(c, f) for c in per_cpu)
-                      for f in ("passed_bytes", "passed_packets", "dropped_bytes", "dropped_packets")))
+    return Counters(sum(c.passed_bytes for c in per_cpu), sum(c.passed_packets for c in per_cpu),
+                    sum(c.dropped_bytes for c in per_cpu), sum(c.dropped_packets for c in per_cpu))
 
 
 def _exempt_ports(ports: Iterable[int]) -> list[int]:

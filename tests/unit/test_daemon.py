@@ -2,6 +2,7 @@
 advances, and the real gossip core on lists instead of a socket."""
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import replace
@@ -63,6 +64,10 @@ class FakeDatapath:
 
     def set_rules(self, rules):
         self.rules = list(rules)
+
+    @contextlib.contextmanager
+    def batch(self):
+        yield self
 
     def reset_class(self, class_id):
         self.resets.append(class_id)
