@@ -30,9 +30,22 @@ Design (000_efbf5459a9d12355.txt §3.1, §4.2):
   (membership keeps the highest seq per class), and losses are counted
   (``Received.gap``, ``Stats.lost``) for drlctl and the simulator.
 
+* Identity.  The cluster key says a datagram comes from *some* member; the
+  source address and the header's node id say which, and both must agree with
+  what we know (:meth:`GossipCore._may_speak`, before the replay window, so a
+  wrong id never touches another peer's window): a peer named ``--peers
+  ID@HOST:PORT`` is the only id that may speak from that address, and it may
+  speak from no other; an unnamed peer's id is learned from its first
+  authenticated datagram and then bound the same way until the address has
+  been silent for ``timeout_s`` (the liveness timeout), so a replaced host can
+  rejoin.  Anything else is ``wrong_sender``.
+* Incarnations (:class:`_Lives`): a higher incarnation is a restart, but one that
+  falls silent for ``timeout_s`` no longer shouts down the lower one still
+  speaking, so a forged (or clock-skewed) jump cannot lock the real peer out.
+
 Addresses are opaque hashables to the core: ``(host, port)`` for UDP, anything
-the simulator likes.  Node ids are learned from authenticated headers; peers are
-addressed by the configured address.
+the simulator likes.  Unnamed peers' node ids are learned from authenticated
+headers; peers are addressed by the configured address.
 """
 from __future__ import annotations
 
@@ -52,6 +65,7 @@ Addr = Hashable
 REPEATS = 3             # a quiet class's unchanged value goes to every peer this many times, then rests
 REFRESH_ROUNDS = 100    # ... and once more every this many rounds, in case every repeat was lost
 ANNOUNCE_ROUNDS = 3     # a limit changed here goes to every peer in this many rounds
+MAX_LIVES = 4           # incarnations remembered per sender, each with its replay window
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +82,79 @@ class _Said:
 
     def __init__(self, value: float, version: int, changed: int) -> None:
         self.value, self.version, self.changed = value, version, changed
+
+
+class _Life:
+    """One incarnation of a sender: its replay window, and when a fresh datagram of it last came."""
+    __slots__ = ("window", "heard")
+
+    def __init__(self, now: float) -> None:
+        self.window, self.heard = SeqWindow(), now
+
+
+class _Lives:
+    """A sender's incarnations ("lives"), each with its own :class:`SeqWindow`.
+
+    A restarted agent comes back with a higher incarnation (wall-clock ms), so a
+    lower one is a previous life: ``old_incarnation`` while a higher life is heard.
+    But a higher incarnation is only a claim: one datagram of a key holder (or a
+    clock that jumped) would otherwise lock the real life out for good.  So a
+    higher life *shouts down* a lower one only while it has been heard within
+    ``timeout_s`` (the liveness timeout: after that it is as dead as a silent
+    peer), and the lower life is accepted again at most ``timeout_s`` after the
+    higher one went quiet.  Keeping both lives is what keeps this simple.
+
+    Replays stay impossible: every datagram, accepted or shouted down, passes the
+    window of its own (sender, incarnation) first, and a window is never reset
+    while its life is remembered; so a datagram is accepted at most once, shouted
+    down or not.  A fresh datagram of a shouted-down life still counts as "heard",
+    so the real peer's life is never the one forgotten while it speaks.
+
+    At most MAX_LIVES lives are remembered (a restart makes one, so old ones must
+    go); room is made by forgetting the lowest silent life.  It raises ``floor``
+    (an unknown incarnation at or below it is old, since its window may be the one
+    forgotten) only when no life still speaking is below it: a floor above the
+    real peer's running life would refuse its next restart for good, and only a
+    key holder makes lives above the real one (the real lives, older, go first).
+    With every life heard within the timeout a new one is refused: only a key
+    holder keeps MAX_LIVES speaking, and room comes back once one falls silent.
+    """
+    __slots__ = ("lives", "floor", "current")
+
+    def __init__(self) -> None:
+        self.lives: dict[int, _Life] = {}
+        self.floor = 0                       # incarnations <= floor not remembered are old
+        self.current: int | None = None      # the incarnation last accepted (a change is a restart)
+
+    def accept(self, incarnation: int, seq: int, now: float, timeout_s: float) -> int | Reason:
+        """SeqWindow.accept's gap for a datagram of the current life, else why not."""
+        life = self.lives.get(incarnation)
+        if life is None:
+            if incarnation <= self.floor or (len(self.lives) >= MAX_LIVES and not self._forget(now, timeout_s)) \
+                    or incarnation <= self.floor:
+                return Reason.OLD_INCARNATION
+            life = self.lives[incarnation] = _Life(now)
+        shouted_down = any(inc > incarnation and now - other.heard <= timeout_s
+                           for inc, other in self.lives.items())
+        gap = life.window.accept(seq)
+        if gap is not None:
+            life.heard = max(life.heard, now)
+        if shouted_down:
+            return Reason.OLD_INCARNATION
+        if gap is None:
+            return Reason.REPLAYED
+        self.current = incarnation
+        return gap
+
+    def _forget(self, now: float, timeout_s: float) -> bool:
+        silent = [inc for inc, life in self.lives.items() if now - life.heard > timeout_s]
+        if not silent:
+            return False
+        victim = min(silent)
+        if len(silent) == len(self.lives) or victim < min(set(self.lives) - set(silent)):
+            self.floor = max(self.floor, victim)
+        del self.lives[victim]
+        return True
 
 
 def new_incarnation() -> int:
@@ -182,6 +269,13 @@ class GossipCore:
     or None (the reason is counted in ``stats.rejected``).  ``key=None`` is insecure
     mode.  The simulator drives one core per simulated node.
 
+    ``names`` maps configured peer addresses to their node ids (``--peers
+    ID@HOST:PORT``): only that id may speak from that address, and from no
+    other.  ``timeout_s`` is the liveness timeout: how long a learned (unnamed)
+    id stays bound to its address after its last datagram, and how long a silent
+    higher incarnation keeps shouting down a lower one (:class:`_Lives`); the
+    default (never) is for tests, the daemon passes ``--peer-timeout``.
+
     ``peers`` is kept as given, not copied: anything with ``len``, indexing and a
     fast ``in`` (a :class:`PeerList`, or a simulator's lazy "everyone but me" over
     10,000 ids), so per-node memory grows only with the peers actually talked to.
@@ -189,7 +283,8 @@ class GossipCore:
 
     def __init__(self, node_id: str, cluster: str, key: bytes | None, peers: Sequence[Addr],
                  branching: int, incarnation: int, rng: random.Random | None = None,
-                 stats: Stats | None = None) -> None:
+                 stats: Stats | None = None, *, names: Mapping[Addr, str] | None = None,
+                 timeout_s: float = math.inf) -> None:
         if branching < 1:
             raise ValueError(f"gossip branching must be >= 1, got {branching}")
         self.node_id, self.cluster, self.key = node_id, cluster, key
@@ -198,9 +293,13 @@ class GossipCore:
         self.stats = stats or Stats()
         self._cycle = Cycle(len(self.peers), rng or random.Random())
         self._seq: dict[Addr, int] = {}                          # next seq per receiver
-        self._windows: dict[str, tuple[int, SeqWindow]] = {}     # node -> (incarnation, window)
-        self._addr_of: dict[str, Addr] = {}                      # learned: node id -> address
-        self._node_at: dict[Addr, str] = {}                      # learned: address -> node id
+        self.timeout_s = timeout_s
+        self._names = {addr: node for addr, node in (names or {}).items() if addr in peers}
+        self._homes = {node: addr for addr, node in self._names.items()}   # named id -> its address
+        self._lives: dict[str, _Lives] = {}                      # per sender node id
+        self._addr_of: dict[str, Addr] = dict(self._homes)       # named or learned: node id -> address
+        self._node_at: dict[Addr, str] = dict(self._names)       # named or learned: address -> node id
+        self._heard: dict[Addr, float] = {}                      # last datagram accepted, per address
         self._said: dict[int, _Said] = {}                        # per class key
         self._seqs: dict[Addr, dict[int, int]] = {}              # per peer, per class key: last seq
         self._full: set[Addr] = set()                            # restarted peers: every class next time
@@ -317,33 +416,54 @@ class GossipCore:
             return self.reject(Reason.LOOP)
         if h.dst and h.dst != self.node_id:
             return self.reject(Reason.WRONG_DST)
-        restarted = h.node in self._windows and h.incarnation > self._windows[h.node][0]
-        gap = self._sequence(h)
+        if not self._may_speak(h.node, addr, now):      # before the window: a wrong id touches nothing
+            return self.reject(Reason.WRONG_SENDER)
+        lives = self._lives.get(h.node)
+        if lives is None:
+            lives = self._lives[h.node] = _Lives()
+        before = lives.current
+        gap = lives.accept(h.incarnation, h.seq, now, self.timeout_s)
         if isinstance(gap, Reason):
             return self.reject(gap)
-        if restarted:                           # it forgot what we told it: tell it everything again
-            self._full.add(addr)
+        if before is not None and before != h.incarnation:    # restarted: it forgot what we told it, so
+            self._full.add(addr)                          # tell it everything again
         self._learn(h.node, addr)
+        self._heard[addr] = max(self._heard.get(addr, now), now)
         self.stats.received += 1
         self.stats.received_bytes += len(data)
         self.stats.lost += gap
         return Received(h, msg.payload, addr, max(gap, 0))
 
-    def _sequence(self, h: Header) -> int | Reason:
-        """Replay check and loss count; a new incarnation (restarted peer) gets a fresh window."""
-        known = self._windows.get(h.node)
-        if known is None or h.incarnation > known[0]:
-            known = (h.incarnation, SeqWindow())
-            self._windows[h.node] = known
-        elif h.incarnation < known[0]:
-            return Reason.OLD_INCARNATION
-        gap = known[1].accept(h.seq)
-        return Reason.REPLAYED if gap is None else gap
+    def _may_speak(self, node: str, addr: Addr, now: float) -> bool:
+        """Whether ``node`` may speak from ``addr``: a named address only as its id, a named
+        id only from its address; an unnamed address as the id learned there (and that id
+        from nowhere else) until the address has been silent for ``timeout_s``."""
+        named = self._names.get(addr)
+        if named is not None:
+            return node == named
+        if node in self._homes:
+            return False
+        bound = self._node_at.get(addr)
+        if bound is not None and bound != node and self._fresh(addr, now):
+            return False
+        there = self._addr_of.get(node)
+        return there is None or there == addr or not self._fresh(there, now)
+
+    def _fresh(self, addr: Addr, now: float) -> bool:
+        heard = self._heard.get(addr)
+        return heard is not None and now - heard <= self.timeout_s
 
     def _learn(self, node: str, addr: Addr) -> None:
-        if self._node_at.get(addr) != node:
-            self._addr_of.pop(self._node_at.get(addr, ""), None)
+        """Bind ``node`` to ``addr`` (a no-op for named peers): forget the address's old
+        id and the id's old address."""
+        old = self._node_at.get(addr)
+        if old != node:
+            if old is not None and self._addr_of.get(old) == addr:
+                del self._addr_of[old]
             self._node_at[addr] = node
+        moved = self._addr_of.get(node)
+        if moved is not None and moved != addr and self._node_at.get(moved) == node:
+            del self._node_at[moved]
         self._addr_of[node] = addr
 
     def reject(self, reason: Reason) -> None:

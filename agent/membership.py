@@ -10,16 +10,20 @@
 N is fixed by configuration: this node plus one slot per configured peer
 address.  A slot is named by ``names`` (``--peers ID@HOST:PORT``) or takes
 the node id of whoever authenticates from that address
-(agent/gossip.py checked MAC, replay and incarnation before we see it); until
-then it is a placeholder ``?host:port``, stale.  Any accepted datagram (a
+(agent/gossip.py checked MAC, identity, replay and incarnation before we see
+it: a named slot only ever hears its own id, and a learned id keeps its slot
+until the slot has been silent for the liveness timeout); until then it is a
+placeholder ``?host:port``, stale.  Any accepted datagram (a
 Batch of values, an empty one as a heartbeat, a point-to-point message) is a
 sign of life; membership is per agent, values are per class.
 
 The stale policy is the paper's conservative one (000_efbf5459a9d12355.txt §5.6):
 a peer not heard from for ``timeout_s`` counts with value 0 and is left out of
 ``n_alive``, so ``effective_limit`` (agent/model.py) drops the global limit by 1/N for
-it; when it is heard again it counts again.  A restarted peer (higher
-incarnation) starts with no values: only what it publishes in its new life counts.
+it; when it is heard again it counts again.  A restarted peer (another
+incarnation: normally a higher one, or a lower one that gossip accepts again
+after a higher one fell silent) starts with no values: only what it publishes
+in its current life counts.
 """
 from __future__ import annotations
 
@@ -84,6 +88,8 @@ class Membership:
         self.node_id, self.timeout_s = node_id, timeout_s
         names = names or {}
         self._slots = {addr: _Slot(addr, names.get(addr, "")) for addr in peer_addrs}
+        self._named = {addr: node for addr, node in names.items() if addr in self._slots}
+        self._homes = {node: addr for addr, node in self._named.items()}    # named id -> its address
         self.class_lost: collections.Counter[int] = collections.Counter()
         self._rows_at: tuple | None = None
 
@@ -98,9 +104,11 @@ class Membership:
             return
         self._rows_at = None
         h = rx.header
+        if self._homes.get(h.node, rx.addr) != rx.addr or self._named.get(rx.addr, h.node) != h.node:
+            return      # a named id from elsewhere, or another id at a named address: gossip rejects these
         if h.node != slot.node_id:
             slot = self._claim(rx.addr, h.node)
-        if h.incarnation > slot.incarnation:
+        if h.incarnation != slot.incarnation:
             slot.incarnation, slot.values = h.incarnation, {}
         slot.last_seen = max(slot.last_seen, now)
         slot.lost += rx.gap

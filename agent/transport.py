@@ -5,7 +5,8 @@ The daemon's tick (agent/daemon.py)::
     peers = parse_peers(text)
     transport = UdpTransport.bind(parse_hostport(listen), [p.addr for p in peers], node_id=..., cluster=...,
                                   key=load_key(path),   # None only with --insecure
-                                  branching=3, incarnation=new_incarnation())
+                                  branching=3, incarnation=new_incarnation(),
+                                  names={p.addr: p.node_id for p in peers if p.node_id}, timeout_s=...)
     members = Membership(node_id, transport.peer_addrs,
                          liveness_timeout(interval, len(transport.peer_addrs), 3),
                          names={transport.resolved[p.addr]: p.node_id for p in peers if p.node_id})
@@ -21,6 +22,7 @@ The daemon's tick (agent/daemon.py)::
 from __future__ import annotations
 
 import errno
+import math
 import random
 import socket
 from typing import Mapping, Sequence
@@ -72,12 +74,15 @@ class UdpTransport:
     stall the tick).  Send errors are counted, never raised.  ``peer_addrs`` are the
     resolved peer addresses, in the order given (for Membership); a peer equal to
     the bound address is this node and is left out.  ``resolved`` maps each given
-    peer to its resolved address.
+    peer to its resolved address.  ``names`` (peer address as given -> node id,
+    from ``--peers ID@HOST:PORT``) and ``timeout_s`` (the liveness timeout) bind
+    ids to addresses in the core (GossipCore, "Identity").
     """
 
     def __init__(self, sock: socket.socket, peers: Sequence[HostPort], *, node_id: str, cluster: str,
                  key: bytes | None, branching: int, incarnation: int, queue_size: int = 1024,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, names: Mapping[HostPort, str] | None = None,
+                 timeout_s: float = math.inf) -> None:
         self.sock = sock
         sock.setblocking(False)
         try:
@@ -91,7 +96,8 @@ class UdpTransport:
         self.peer_addrs = PeerList(a for a in resolved if a != self.address)
         self.queue_size = queue_size
         self.core = GossipCore(node_id, cluster, key, self.peer_addrs, branching, incarnation, rng,
-                               Stats(overhead_bytes=48 if family == socket.AF_INET6 else 28))
+                               Stats(overhead_bytes=48 if family == socket.AF_INET6 else 28),
+                               names={self.resolved[a]: n for a, n in (names or {}).items()}, timeout_s=timeout_s)
         self.stats = self.core.stats
 
     @classmethod

@@ -14,7 +14,8 @@ cluster key (``key=None`` is the explicit insecure mode: no tag, nothing verifie
 receive path counts (agent/gossip.py ``Stats.rejected``).  The MAC is checked
 before the protobuf parser ever sees the bytes, so unauthenticated input only
 costs one HMAC.  Replays are caught statefully by :class:`SeqWindow`, one per
-(sender, incarnation), in agent/gossip.py.
+(sender, incarnation), in agent/gossip.py, after it has checked that the sender's
+node id is the one bound to the source address (``Reason.WRONG_SENDER``).
 
 ``load_key(path)`` reads the cluster key file; every problem is one
 :class:`KeyFileError` with a one-line message.
@@ -54,6 +55,7 @@ class Reason(str, enum.Enum):
     UNKNOWN_PEER = "unknown_peer"      # source address not in the configured peer list
     LOOP = "loop"                      # our own node id: the peer list names this node
     WRONG_DST = "wrong_dst"            # addressed to another node id (cross-link replay)
+    WRONG_SENDER = "wrong_sender"      # node id not bound to its source address (gossip.py: identity)
     OLD_INCARNATION = "old_incarnation"  # from a previous life of a restarted peer
     REPLAYED = "replayed"              # sequence number already seen or left of the window
     QUEUE_FULL = "queue_full"          # receive queue full this poll

@@ -130,3 +130,21 @@ def test_each_class_counts_its_own_lost_values(m):
         m.observe(n2.rx(Batch((ClassValue(7, class_seq, 1.0), ClassValue(8, 1 + class_seq // 5, 2.0)))), 0.0)
     assert m.class_lost[7] == 2 and m.class_lost[8] == 0
     assert m.view(7, 0.0).remote_sum == 1.0 and m.view(8, 0.0).remote_sum == 2.0
+
+
+def test_named_slots_keep_their_id():
+    """gossip.py rejects these (wrong_sender) before membership; membership ignores them too."""
+    m = Membership("n1", PEERS, 0.3, names={PEERS[0]: "n2", PEERS[1]: "n3"})
+    m.observe(Peer(PEERS[0], "n2").rx(5.0), 0.0)
+    m.observe(Peer(PEERS[0], "n9").rx(1e9), 0.1)     # another id at n2's address
+    m.observe(Peer(PEERS[2], "n3").rx(1e9), 0.1)     # n3 from an unnamed address
+    view = m.view(1, 0.1)
+    assert view.members == ("?10.0.0.4:7000", "n1", "n2", "n3") and view.remote_sum == 5.0 and view.n_alive == 1
+
+
+def test_a_lower_incarnation_gossip_accepts_again_replaces_the_higher_ones_values(m):
+    """gossip.py accepts a lower incarnation again once a (forged) higher one is silent."""
+    m.observe(Peer(PEERS[0], "n2", incarnation=1000).rx(5.0, seq=50), 0.0)
+    m.observe(Peer(PEERS[0], "n2", incarnation=2**50).rx(9e9, seq=10**6), 0.1)
+    m.observe(Peer(PEERS[0], "n2", incarnation=1000).rx(6.0, seq=60), 0.5)
+    assert m.view(1, 0.5).remote_sum == 6.0 and m.status(0.5)[0]["incarnation"] == 1000
