@@ -344,7 +344,7 @@ class Agent:
         self._facts = facts
         for run in self.table:
             d = run.last[1].decision
-            said = (Mode(d.mode).name.lower(), d.info.get("warning"))
+            said = (d.mode.name.lower(), d.info.get("warning"))
             for what, before, now_ in zip(("mode", "warning"), run.said or said, said):
                 if before != now_:
                     log.info("event=change class=%s what=%s now=%s", run.name, what, _quoted(str(now_)))
@@ -380,7 +380,7 @@ class Agent:
             "global_limit_bps": to_bps(limit.global_Bps), "limit_version": limit.version,
             "effective_limit_bps": to_bps(effective_limit(snap) if snap else limit.global_Bps),
             "local_limit_bps": to_bps(_local_limit(d, local)), "safe_rate_bps": to_bps(self._safe_rate(run, limit)),
-            "mode": Mode(d.mode).name.lower(), "drop_probability": d.drop_probability,
+            "mode": d.mode.name.lower(), "drop_probability": d.drop_probability,
             "demand_bps": to_bps(local.demand_Bps), "rate_bps": to_bps(local.sent_Bps),
             "flows": len(local.flow_rates_Bps), "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
             "passed_bytes": c.passed_bytes, "passed_packets": c.passed_packets,

@@ -81,6 +81,9 @@ BURST_FLOOR = 128 * 1024
 FLOOR_RATE_Bps = SLOW_START_Bps   # a bucket never refills slower (FPS slow start)
 
 
+_MODES = frozenset(Mode)
+
+
 class DatapathError(RuntimeError):
     """The datapath cannot be set up or used; the message is one line."""
 
@@ -221,7 +224,9 @@ class Datapath:
         if rate_Bps < 0 or not 0.0 <= drop_probability <= 1.0:
             raise DatapathError(f"class {class_id}: rate must be >= 0 and drop probability in [0, 1]")
         cfg = self._bpf[b"config"].Leaf()
-        cfg.mode = int(Mode(mode))
+        if mode not in _MODES:
+            raise DatapathError(f"class {class_id}: mode {mode!r} is not one of {sorted(_MODES)}")
+        cfg.mode = int(mode)
         cfg.rate_Bps = int(rate_Bps)
         cfg.burst_bytes = int(burst_bytes if burst_bytes is not None else default_burst(rate_Bps))
         cfg.drop_prob = round(drop_probability * abi.PROB_ONE)

@@ -125,9 +125,10 @@ def test_datagram_signed_with_the_wrong_key_is_rejected_and_changes_nothing(net3
 
 def _forged_update(sender: str) -> bytes:
     """A well-formed update claiming to be from ``sender``, tagged with a key nobody has."""
-    from agent.wire import Header, Message, Update, encode
+    from agent.config import class_key
+    from agent.wire import Batch, ClassValue, Header, Message, encode
     msg = Message(Header(cluster="drl", node=sender, seq=10**6, incarnation=2**50, sent_at=0.0),
-                  Update(value=1e12))
+                  Batch((ClassValue(class_key("default"), 1, 1e12),)))
     return encode(msg, b"not-the-cluster-key-0123456789ab")
 
 
