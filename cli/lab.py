@@ -87,7 +87,13 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
             exp = exp.scaled(duration)
         summary = run_experiment(exp, out or Path("results") / exp.name, list(allocators) or None, repeat, _progress)
         click.echo(render(summary))
+        if any(r.get("faults") for r in summary["runs"]):
+            click.echo("\n" + render_faults(summary))
         click.echo(f"\nwrote {out or Path('results') / exp.name}/result.json and plots")
+        failed = failed_checks(summary)
+        if failed:
+            click.echo(f"{len(failed)} check(s) failed: " + "; ".join(failed), err=True)
+            sys.exit(1)
     _guarded(go)
 
 
@@ -142,6 +148,31 @@ def demo(duration: float, out: Path) -> None:
         summary = run_experiment(resolve("baseline").scaled(duration), out, [best, "ctb"], 1, _progress)
         click.echo(render(summary))
     _guarded(go)
+
+
+def failed_checks(summary: dict) -> list[str]:
+    """Every failed check of every run, as ``fps-1: kill l3 max_window_ratio 1.21 > 1.05``."""
+    return [f"{r['allocator']}-{r['repeat']}: {c['fault']} {c['check']} "
+            f"{'never' if c['value'] is None else c['value']} > {c['bound']:g}"
+            for r in summary["runs"] for c in r.get("checks", []) if c["result"] == "fail"]
+
+
+def render_faults(summary: dict) -> str:
+    """Per run: each fault, its worst 1-s window over the limit, its recovery time and checks."""
+    lines = []
+    for r in summary["runs"]:
+        lines.append(f"faults, {r['allocator']} run {r['repeat']} (worst 1-s window / limit, "
+                     f"seconds until >= 95 % again):")
+        verdicts: dict[tuple, list[str]] = {}
+        for c in r.get("checks", []):
+            verdicts.setdefault((c["at_s"], c["fault"]), []).append(f"{c['check']} {c['result']}")
+        for f in r.get("faults", []):
+            worst = "-" if f["worst_window_ratio"] is None else f"{f['worst_window_ratio']:.3f}"
+            rec = "-" if f["recovery_s"] is None else f"{f['recovery_s']:.1f}"
+            note = f"  skipped: {f['skipped']}" if "skipped" in f else \
+                "  " + ", ".join(verdicts.get((f["at_s"], f["label"]), []))
+            lines.append(f"  t={f['at_s']:5.1f}s  {f['label']:<24} worst {worst:>6}  recovery {rec:>4}{note}")
+    return "\n".join(lines)
 
 
 def render(summary: dict) -> str:

@@ -95,6 +95,7 @@ class Agent:
     proc: subprocess.Popen
     log: Path
     samples: list[tuple[float, dict]] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)   # how it was started (a restart runs it again)
 
     def status(self) -> dict:
         """What ``drlctl status --json`` prints; ControlError when the agent does not answer."""
@@ -140,7 +141,7 @@ def start_agents(lab: Lab, allocator: str, logs: Path) -> list[Agent]:
         sock = str(lab.state / f"{host}.sock")
         argv = agent_argv(plan, host, allocator, str(key), sock, program=drl_agent())
         log = logs / f"agent-{host}.log"
-        agents.append(Agent(host, sock, lab.spawn(host, argv, log=log), log))
+        agents.append(Agent(host, sock, lab.spawn(host, argv, log=log), log, argv=argv))
     deadline = time.monotonic() + READY_TIMEOUT_S
     for a in agents:
         a.wait_ready(deadline)
@@ -165,8 +166,9 @@ class Cluster:
               global_: str | None = "10mbit", *extra: str) -> Agent:
         """Start host's agent and wait until it answers."""
         log = self.dir / f"{host.name}.log"
-        proc = host.popen(*self.argv(host, peers, allocator, global_, *extra), log=log)
-        agent = Agent(host.name, str(self.dir / f"{host.name}.sock"), proc, log)
+        argv = self.argv(host, peers, allocator, global_, *extra)
+        proc = host.popen(*argv, log=log)
+        agent = Agent(host.name, str(self.dir / f"{host.name}.sock"), proc, log, argv=argv)
         agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
         return agent
 

@@ -83,6 +83,52 @@ def convergence(per_limiter: dict[str, Sequence[float]], dt: float, changes: Seq
     return out
 
 
+def sliding_means(series: Sequence[float], dt: float, width_s: float = 1.0) -> list[float]:
+    """Mean of every ``width_s`` window starting at each sample: out[k] covers [k dt, k dt + width_s)."""
+    w = max(1, round(width_s / dt))
+    out, acc = [], sum(series[:w])
+    for k in range(len(series) - w + 1):
+        out.append(acc / w)
+        if k + w < len(series):
+            acc += series[k + w] - series[k]
+    return out
+
+
+def fault_impact(aggregate: Sequence[float], dt: float, limit: float, at_s: float, until_s: float,
+                 demand_exceeds: bool = True, level: float = 0.95, width_s: float = 1.0,
+                 end_s: float | None = None) -> dict:
+    """What a fault at ``at_s`` did to the aggregate, looked at until ``until_s``:
+
+    * ``worst_window_ratio``: the highest mean over a ``width_s`` window (sliding by ``dt``) that
+      lies within [at_s, until_s), over ``limit`` (at least the first window after ``at_s``);
+      ``worst_window_at_s`` is where that window starts;
+    * ``recovery_s``: 0 if no window starting in [at_s, until_s) falls below ``level`` x the
+      limit; else the time from ``at_s`` to the start of the first window back at ``level`` after
+      the first one below it (searched to the end of the series, or of what was measured,
+      ``end_s``; None: never).  None when the demand does not exceed the limit (then the limit
+      is not expected to be used)."""
+    if end_s is not None:
+        aggregate = aggregate[:max(0, math.floor(end_s / dt + 1e-9))]
+        until_s = min(until_s, end_s)
+    means = sliding_means(aggregate, dt, width_s)
+    w = max(1, round(width_s / dt))
+    lo = math.ceil(at_s / dt - 1e-9)
+    hi = max(lo, math.floor(until_s / dt + 1e-9) - w)     # last window start that fits
+    if lo >= len(means):
+        return {"worst_window_ratio": None, "worst_window_at_s": None, "recovery_s": None}
+    hi = min(hi, len(means) - 1)
+    worst = max(range(lo, hi + 1), key=lambda k: means[k])
+    out = {"worst_window_ratio": means[worst] / limit, "worst_window_at_s": round(worst * dt, 3), "recovery_s": None}
+    if demand_exceeds:
+        low = next((k for k in range(lo, hi + 1) if means[k] < level * limit), None)
+        if low is None:
+            out["recovery_s"] = 0.0
+        else:
+            back = next((k for k in range(low, len(means)) if means[k] >= level * limit), None)
+            out["recovery_s"] = None if back is None else round(max(0.0, back * dt - at_s), 3)
+    return out
+
+
 def web_table(transfers: Iterable[dict]) -> list[dict]:
     """Harmonic-mean delivered rate (bits/s) of completed web transfers per size range (Table 1)."""
     rows = []

@@ -59,9 +59,26 @@ def timeseries(runs: list[dict], exp: Experiment, path: Path) -> Path:
             ax.axvline(c, ls=":", color="grey", lw=0.6)
         ax.set_title(f"{run['experiment']}: {run['allocator']}  (Jain {run['jain_index'] or float('nan'):.3f})", fontsize=9)
         ax.set_ylabel("Mbit/s")
-        ax.legend(fontsize=6, ncol=6, loc="upper right")
+        if run.get("faults"):
+            _faults(ax, run)
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))   # the labels need the top
+        else:
+            ax.legend(fontsize=6, ncol=6, loc="upper right")
     axes[-1, 0].set_xlabel("time (s)")
     return _save(fig, path)
+
+
+def _faults(ax, run: dict) -> None:
+    """Each fault as a red vertical line labelled with what it did; the highest worst-window
+    bound of the file's checks as a dotted line."""
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1.5 * run["global_limit_bps"] / 1e6))
+    for f in run["faults"]:
+        ax.axvline(f["at_s"], color="tab:red", lw=0.8, alpha=0.7, ls="-" if "skipped" not in f else ":")
+        ax.text(f["at_s"], 0.98, " " + f["label"], rotation=90, va="top", ha="left", fontsize=6, color="tab:red",
+                transform=ax.get_xaxis_transform())
+    bounds = [c["bound"] for c in run.get("checks", []) if c["check"] == "max_window_ratio"]
+    if bounds:
+        ax.axhline(max(bounds) * run["global_limit_bps"] / 1e6, ls=":", color="tab:red", lw=0.7)
 
 
 def utilization(runs: list[dict], path: Path) -> Path:

@@ -6,7 +6,7 @@
 
 Reading a file (lab/reader.py) never looks at the machine, so a file written
 on one host loads on every other; only the run asks whether this kernel has
-the netem qdisc or the congestion control the file names.  Failures keep the
+the netem qdisc, the congestion control the file names, or nft for faults.  Failures keep the
 file:line form of the reader's errors.
 """
 from __future__ import annotations
@@ -50,6 +50,10 @@ def check(exp: Experiment) -> None:
         if available is not None and exp.congestion_control not in available:
             raise field_error(exp, "[experiment]", "experiment", 0, "congestion_control",
                               f"expected one of {', '.join(available)}, got {exp.congestion_control!r}")
+    for fault in exp.faults:
+        if fault.action in ("loss", "partition") and not shutil.which("nft"):
+            raise field_error(exp, f"[[fault]] #{fault.index + 1}", "fault", fault.index, "action",
+                              f"{fault.action} needs nftables' nft (apt install nftables)")
     for i, link in enumerate(exp.links):
         for key, value in (("delay", link.delay_s), ("loss", link.loss_pct)):
             if value is not None and not netem_available():

@@ -11,6 +11,7 @@ at the machine (lab/preflight.py does, before a run).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import tomllib
@@ -21,7 +22,8 @@ from agent import allocators
 from agent.units import UnitError, parse_duration, parse_rate, parse_size
 
 from .errors import LabError
-from .spec import KINDS, ROLES, Experiment, Link, LinkEvent, Traffic
+from .spec import (AGENT_ACTIONS, CHECKS, FAULT_ACTIONS, FAULT_HORIZON_S, KINDS, LOSS_ON, ROLES, Experiment, Fault,
+                   Link, LinkEvent, Traffic)
 
 HOST_NAME = re.compile(r"[a-z][a-z0-9]{0,5}")  # <= 6 chars: interface names are <= 15 (lab/topology.py)
 RESERVED = {"ctl"}  # the control-network namespace
@@ -65,6 +67,9 @@ def loads(text: str, path: str = "<string>") -> Experiment:
     exp_t = top.sub("experiment")
     name = exp_t.text("name", Path(path).stem)
     duration = exp_t.positive(exp_t.duration("duration"), "duration")
+    checks_t = top.sub("checks", required=False)
+    checks = _checks(checks_t.data, lambda key, msg: checks_t.error(key, msg))
+    checks_t.data.clear()
     exp = Experiment(
         name=name,
         description=exp_t.text("description", ""),
@@ -81,12 +86,13 @@ def loads(text: str, path: str = "<string>") -> Experiment:
         params={a: _agent_options(t) for a, t in top.sub("params", required=False).subtables(allocator=True)},
         rto_min_s=_rto_min(exp_t),
         congestion_control=_congestion_control(exp_t),
+        faults=tuple(_fault(t, duration, checks) for t in top.array("fault")),
         path=path,
     )
     exp_t.finish()
     top.finish()
     _check_graph(exp, src)
-    return exp
+    return dataclasses.replace(exp, faults=_check_faults(exp, src))
 
 
 def _rto_min(t: "_Table") -> float | None:
@@ -154,6 +160,95 @@ def _event(t: "_Table", duration: float) -> LinkEvent:
     ev = LinkEvent(at, tuple(t.names("link", 2)), t.rate("rate"))
     t.finish()
     return ev
+
+
+def _fault(t: "_Table", duration: float, default_checks: dict[str, float]) -> Fault:
+    """One [[fault]]: ``at`` and an ``action`` with its fields; names are checked in _check_faults."""
+    at = t.duration("at")
+    if not 0 <= at < duration:
+        raise t.error("at", f"must lie within the experiment (0 .. {duration:g} s)")
+    action = t.text("action", choices=FAULT_ACTIONS)
+    fields: dict[str, Any] = {}
+    if action in AGENT_ACTIONS:
+        fields["agent"] = t.text("agent")
+    elif action == "loss":
+        percent = t.number("percent", integer=True)
+        if not 1 <= percent <= 100:
+            raise t.error("percent", f"a whole percentage 1..100, got {percent}")
+        fields.update(percent=percent, on=t.text("on", choices=LOSS_ON))
+        if "hosts" in t.data:
+            fields["hosts"] = tuple(t.host_list("hosts"))
+    elif action == "partition":
+        groups = t._get("groups", _REQUIRED)
+        if not (isinstance(groups, list) and groups and all(
+                isinstance(g, list) and g and all(isinstance(h, str) for h in g) for g in groups)):
+            raise t.error("groups", f"expected a list of lists of limiter names, like [[\"l1\", \"l2\"], [\"l3\"]], "
+                                    f"got {groups!r}")
+        fields["groups"] = tuple(tuple(g) for g in groups)
+    horizon = t.positive(t.duration("horizon", FAULT_HORIZON_S), "horizon")
+    own = t._get("checks", {})
+    if not isinstance(own, dict):
+        raise t.error("checks", f"expected an inline table like {{ max_window_ratio = 1.05, recovery_s = 3 }}, got {own!r}")
+    checks = {**default_checks, **_checks(own, lambda key, msg: t.error("checks", f"{key!r}: {msg}" if key else msg))}
+    t.finish()
+    return Fault(at, action, horizon_s=horizon, checks=checks, index=t.index, **fields)
+
+
+def _checks(data: dict, fail: Callable[[str | None, str], SpecError]) -> dict[str, float]:
+    """``max_window_ratio`` (> 0) and ``recovery_s`` (>= 0, seconds): what every fault (or one) must meet."""
+    out = {}
+    for key, value in data.items():
+        if key not in CHECKS:
+            raise fail(key, f"unknown check (expected one of {', '.join(CHECKS)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail(key, f"expected a number, got {value!r}")
+        if value < 0 or (key == "max_window_ratio" and value == 0):
+            raise fail(key, f"{value} is out of range")
+        out[key] = float(value)
+    return out
+
+
+def _check_faults(exp: Experiment, src: "_Source") -> tuple[Fault, ...]:
+    """Names exist, agents' signals come in an order that makes sense (restart after kill, cont
+    after stop), and partitions are completed with the limiters they leave out; time-ordered."""
+    limiters = exp.limiters
+    out, state = [], {h: "running" for h in limiters}
+    for f in sorted(exp.faults, key=lambda f: f.at_s):
+        where = _Table(src, {}, f"[[fault]] #{f.index + 1}", "fault", f.index)
+        if f.action in AGENT_ACTIONS:
+            if f.agent not in limiters:
+                raise where.error("agent", f"{f.agent!r} is not a limiter (agents run on {', '.join(limiters)})")
+            need, after = {"kill": (("running", "stopped"), "dead"), "stop": (("running",), "stopped"),
+                           "cont": (("stopped",), "running"), "restart": (("dead",), "running")}[f.action]
+            if state[f.agent] not in need:
+                raise where.error("action", f"cannot {f.action} {f.agent} at {f.at_s:g} s: it is {state[f.agent]} "
+                                            f"then (restart follows a kill, cont a stop)")
+            state[f.agent] = after
+        if f.action in ("partition",) or (f.action == "loss" and f.on == "gossip"):
+            if len(limiters) < 2:
+                raise where.error("action", f"{f.action} on the control network needs at least two limiters")
+        if f.action == "loss":
+            allowed = limiters if f.on == "gossip" else list(exp.hosts)
+            for h in f.hosts:
+                if h not in allowed:
+                    raise where.error("hosts", f"{h!r} is not one of {', '.join(allowed)}"
+                                               + (" (gossip loss is on agents' links)" if f.on == "gossip" else ""))
+            if len(set(f.hosts)) != len(f.hosts):
+                raise where.error("hosts", "a host is named twice")
+        if f.action == "partition":
+            named = [h for g in f.groups for h in g]
+            for h in named:
+                if h not in limiters:
+                    raise where.error("groups", f"{h!r} is not a limiter ({', '.join(limiters)})")
+            if len(set(named)) != len(named):
+                raise where.error("groups", "the groups must be disjoint")
+            rest = tuple(h for h in limiters if h not in named)
+            groups = f.groups + ((rest,) if rest else ())
+            if len(groups) < 2:
+                raise where.error("groups", "a partition needs at least two groups")
+            f = dataclasses.replace(f, groups=groups)
+        out.append(f)
+    return tuple(out)
 
 
 def _agent_options(t: "_Table") -> dict[str, str]:
@@ -314,6 +409,12 @@ class _Table:
         value = self._get(key, _REQUIRED)
         if not (isinstance(value, list) and len(value) == count and all(isinstance(v, str) for v in value)):
             raise self.error(key, f"expected a list of {count} host names, got {value!r}")
+        return value
+
+    def host_list(self, key) -> list[str]:
+        value = self._get(key, _REQUIRED)
+        if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+            raise self.error(key, f"expected a non-empty list of host names, got {value!r}")
         return value
 
     def allocator_list(self, key) -> list[str]:

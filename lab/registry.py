@@ -2,7 +2,7 @@
 
     >>> from lab.registry import builtin, resolve
     >>> sorted(builtin())
-    ['baseline', 'bottleneck', 'demand-shift', 'flow-join', 'web']
+    ['baseline', 'bottleneck', 'demand-shift', 'faults', 'flow-join', 'web']
     >>> resolve("baseline").name
     'baseline'
 

@@ -8,6 +8,7 @@ over the part of the window it was active.  Rates in the document are bits/s.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from agent.fairness import jain
@@ -21,9 +22,11 @@ from .traffic import Group
 
 
 def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Group], launched: dict[int, float],
-            meter: SinkMeter, agents: list[Agent], out: Path) -> dict:
+            meter: SinkMeter, agents: list[Agent], out: Path, faults: list[dict] | None = None) -> dict:
     n = round(exp.duration_s / DT)
     aggregate = meter.series(n)
+    # bins after the last sample are empty, not idle: windows stop at the last complete bin
+    measured_s = min(exp.duration_s, math.floor(meter.samples[-1][0] / DT + 1e-9) * DT) if meter.samples else 0.0
     flows = flow_series(groups, out, launched, n)
     per_limiter = {h: [sum(col) for col in zip(*[f.series for f in flows if f.limiter == h])] or [0.0] * n
                    for h in exp.limiters}
@@ -42,6 +45,9 @@ def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Grou
         "flows": [{"label": f.label, "limiter": f.limiter, "kind": f.kind, "mean_bps": to_bps(flow_means[f.label])}
                   for f in flows],
         "convergence": metrics.convergence(per_limiter, DT, _changes(exp), exp.duration_s, exp.global_Bps),
+        "window_ratios_1s": [round(x / exp.global_Bps, 4)
+                             for x in metrics.rebin(aggregate[:round(measured_s / DT)], round(1.0 / DT))],
+        "max_window_ratio": _max_window(exp, aggregate[:round(measured_s / DT)]),
         "series": {
             "dt_s": DT,
             "aggregate_bps": _bps(aggregate),
@@ -52,7 +58,69 @@ def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Grou
     }
     if any(g.traffic.kind == "web" for g in groups):
         result["web"] = metrics.web_table(web_transfers(groups, out))
+    if exp.faults:
+        result["faults"] = fault_rows(exp, aggregate, faults or [], measured_s)
+        result["checks"] = evaluate_checks(exp, result["faults"])
     return result
+
+
+def _max_window(exp: Experiment, aggregate: list[float]) -> float | None:
+    """The highest 1-s mean (sliding by 100 ms) after the warm-up, over the limit."""
+    means = metrics.sliding_means(metrics.window(aggregate, DT, exp.warmup_s, exp.duration_s), DT)
+    return max(means) / exp.global_Bps if means else None
+
+
+def demand_exceeds(exp: Experiment, t: float) -> bool:
+    """Whether what is offered at ``t`` can use the whole limit: a TCP group is active, or the
+    active UDP groups offer more than it (web traffic is not counted)."""
+    active = [g for g in exp.traffic if g.start_s <= t < g.stop_s]
+    udp = sum(g.rate_Bps * g.flows for g in active if g.kind == "udp")
+    return any(g.kind == "tcp" for g in active) or udp > exp.global_Bps
+
+
+def fault_rows(exp: Experiment, aggregate: list[float], records: list[dict], measured_s: float | None = None) -> list[dict]:
+    """One row per fault of the file: what was done (the runner's record) and what it did to the
+    aggregate: the worst 1-s window in its horizon (cut at the next fault's time) and the time
+    until the limit is used again (lab/metrics.py's fault_impact)."""
+    rows = []
+    for i, f in enumerate(exp.faults):
+        rec = records[i] if i < len(records) else {"skipped": "not reached"}
+        at = rec.get("applied_at_s", f.at_s)
+        later = [g.at_s for g in exp.faults if g.at_s > f.at_s]
+        end = exp.duration_s if measured_s is None else measured_s
+        until = min([at + f.horizon_s, end] + later)
+        row = {"at_s": f.at_s, "action": f.action, "label": f.label, "horizon_s": round(until - at, 3),
+               **{k: v for k, v in rec.items() if k not in ("at_s", "action", "label")}}
+        if f.agent:
+            row["agent"] = f.agent
+        if "skipped" in rec:
+            row.update(worst_window_ratio=None, worst_window_at_s=None, recovery_s=None)
+        else:
+            row.update(metrics.fault_impact(aggregate, DT, exp.global_Bps, at, until, demand_exceeds(exp, at),
+                                            end_s=end))
+        rows.append(row)
+    return rows
+
+
+def evaluate_checks(exp: Experiment, rows: list[dict]) -> list[dict]:
+    """Each fault's checks against its row: ``max_window_ratio`` (worst window <= it) and
+    ``recovery_s`` (limit used again within it; a skipped fault or one without excess demand
+    is not checked, a fault whose aggregate never recovers fails)."""
+    out = []
+    for f, row in zip(exp.faults, rows):
+        for name, bound in f.checks.items():
+            value = row["worst_window_ratio"] if name == "max_window_ratio" else row["recovery_s"]
+            if "skipped" in row:
+                verdict = "skipped"
+            elif name == "recovery_s" and not demand_exceeds(exp, row["applied_at_s"]):
+                verdict = "skipped"
+            elif value is None:
+                verdict = "fail"
+            else:
+                verdict = "pass" if value <= bound + 1e-9 else "fail"
+            out.append({"at_s": f.at_s, "fault": f.label, "check": name, "bound": bound,
+                        "value": None if value is None else round(value, 4), "result": verdict})
+    return out
 
 
 def _mean(exp: Experiment, series: list[float], start: float = 0.0, stop: float = float("inf")) -> float:

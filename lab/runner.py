@@ -25,6 +25,7 @@ from . import plots, preflight
 from .agents import StatusPoller, start_agents
 from .collector import DT, SinkMeter
 from .errors import LabError
+from .faults import Faults
 from .netns import Lab, poll, stop
 from .results import analyse, compare
 from .spec import REFERENCE, Experiment
@@ -63,10 +64,10 @@ def run_once(exp: Experiment, allocator: str, out: Path, k: int, progress: Progr
         agents = start_agents(lab, allocator, out)
         receivers = _start_servers(lab, groups, out)
         t0 = time.monotonic()
-        with StatusPoller(agents, t0), SinkMeter(plan) as meter:
-            launched, clients = _play(lab, groups, out, meter, t0, progress)
+        with StatusPoller(agents, t0), SinkMeter(plan) as meter, Faults(lab, agents, out, t0) as faults:
+            launched, clients = _play(lab, groups, out, meter, t0, progress, faults)
         _finish(clients + receivers)  # every receiver writes its report when its client is done
-    result = analyse(exp, allocator, plan.run, k, groups, launched, meter, agents, out)
+    result = analyse(exp, allocator, plan.run, k, groups, launched, meter, agents, out, faults.records)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -96,11 +97,13 @@ def _finish(procs: list[subprocess.Popen]) -> None:
             stop(proc)
 
 
-def _play(lab: Lab, groups: list[Group], out: Path, meter: SinkMeter, t0: float, progress: Progress):
-    """The schedule: every 100 ms fire what is due, then sample the sink."""
+def _play(lab: Lab, groups: list[Group], out: Path, meter: SinkMeter, t0: float, progress: Progress,
+          faults: Faults | None = None):
+    """The schedule: every 100 ms fire what is due (flows, link events, faults), then sample the sink."""
     exp = lab.plan.exp
     actions = sorted([(g.traffic.start_s, "start", g) for g in groups]
-                     + [(e.at_s, "event", e) for e in exp.events], key=lambda a: a[0])
+                     + [(e.at_s, "event", e) for e in exp.events]
+                     + [(f.at_s, "fault", f) for f in (exp.faults if faults else ())], key=lambda a: a[0])
     launched, clients, tick = {}, [], 0
     while (now := time.monotonic() - t0) < exp.duration_s:
         while actions and actions[0][0] <= now:
@@ -108,6 +111,10 @@ def _play(lab: Lab, groups: list[Group], out: Path, meter: SinkMeter, t0: float,
             if what == "start":
                 launched[item.index] = time.monotonic() - t0
                 clients.append(lab.spawn(item.client_host, item.client_argv(out), log=out / f"client{item.index}.log"))
+            elif what == "fault":
+                rec = faults.apply(item, time.monotonic() - t0)
+                pid = f" (pid {rec['pid']})" if "pid" in rec else ""
+                progress(f"   t={now:5.1f}s  fault: {item.label}{pid}" + (f": skipped, {rec['skipped']}" if "skipped" in rec else ""))
             else:
                 link = next(l for l in exp.links if set(l.ends) == set(item.link))
                 lab.apply(lab.plan.shaping_commands(link, item.rate_Bps))

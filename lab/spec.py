@@ -56,6 +56,45 @@ class LinkEvent:
     rate_Bps: float
 
 
+FAULT_ACTIONS = ("kill", "stop", "cont", "restart", "loss", "partition", "heal")
+AGENT_ACTIONS = ("kill", "stop", "cont", "restart")
+LOSS_ON = ("gossip", "data")
+CHECKS = ("max_window_ratio", "recovery_s")   # per-fault checks (lab/results.py evaluates them)
+FAULT_HORIZON_S = 5.0   # default: a fault's worst window is looked for in this long after it
+
+
+@dataclass(frozen=True)
+class Fault:
+    """At ``at_s``, something breaks (or is repaired); lab/faults.py applies it, lab/results.py
+    measures the worst 1-s window in ``horizon_s`` after it and the time until the limit is used again.
+
+    kill/stop/cont/restart: ``agent``'s process gets SIGKILL/SIGSTOP/SIGCONT, or is started again.
+    loss: ``percent`` % of the packets ``on`` the gossip (control) network or the data links of
+    ``hosts`` are dropped (a later loss on the same network replaces it); partition: the control
+    network is cut between ``groups``; heal: every loss and partition is removed."""
+    at_s: float
+    action: str
+    agent: str | None = None
+    percent: int | None = None
+    on: str | None = None
+    hosts: tuple[str, ...] = ()                      # loss: whose links (gossip: agents; data: any host)
+    groups: tuple[tuple[str, ...], ...] = ()          # partition: complete, disjoint groups of limiters
+    horizon_s: float = FAULT_HORIZON_S
+    checks: dict[str, float] = field(default_factory=dict)   # [checks] merged with the fault's own
+    index: int = 0                                   # its place among the file's [[fault]]s (for errors)
+
+    @property
+    def label(self) -> str:
+        """``kill l3``, ``loss 30% gossip``, ``partition l1,l2|l3``: for progress lines and plots."""
+        if self.action in AGENT_ACTIONS:
+            return f"{self.action} {self.agent}"
+        if self.action == "loss":
+            return f"loss {self.percent}% {self.on}" + (f" ({','.join(self.hosts)})" if self.hosts else "")
+        if self.action == "partition":
+            return "partition " + "|".join(",".join(g) for g in self.groups)
+        return self.action
+
+
 @dataclass(frozen=True)
 class Experiment:
     name: str
@@ -73,6 +112,7 @@ class Experiment:
     params: dict[str, dict[str, str]] = field(default_factory=dict)   # allocator -> overrides
     rto_min_s: float | None = None              # TCP's minimum RTO on every host's routes
     congestion_control: str | None = None       # the TCP groups' algorithm; None: the machine's
+    faults: tuple[Fault, ...] = ()              # in time order (file order among equal times)
     path: str = ""
 
     # -- the graph (hosts and links) -------------------------------------------------
@@ -122,4 +162,5 @@ class Experiment:
         return dataclasses.replace(
             self, duration_s=duration_s, warmup_s=self.warmup_s * k,
             traffic=tuple(dataclasses.replace(t, start_s=t.start_s * k, stop_s=t.stop_s * k) for t in self.traffic),
-            events=tuple(dataclasses.replace(e, at_s=e.at_s * k) for e in self.events))
+            events=tuple(dataclasses.replace(e, at_s=e.at_s * k) for e in self.events),
+            faults=tuple(dataclasses.replace(f, at_s=f.at_s * k) for f in self.faults))

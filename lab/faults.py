@@ -1,0 +1,262 @@
+"""Apply an experiment's [[fault]]s during a run: signals to agents, nftables loss and partitions.
+
+    with Faults(lab, agents, logs) as faults:     # inside the Lab; heals and resumes on exit
+        faults.apply(fault, now)                  # the runner calls it at fault.at_s
+    faults.records                                # one dict per fault: when, what, pids, skipped
+
+Agents (lab/agents.py) run as ``ip netns exec <ns> drl-agent up ...``, which
+execs, in a session of their own: ``kill``/``stop``/``cont`` send
+SIGKILL/SIGSTOP/SIGCONT to that session, ``restart`` starts the same argv
+again (without waiting: bcc compiles for seconds; the record gets the time it
+answered ``status``).
+
+Loss and partitions are nftables rules in tables named ``drl_<run>``, never
+in the machine's own namespace:
+
+* the control network (gossip) is the bridge ``<run>br`` in ``<run>-ctl``
+  (lab/topology.py); a ``bridge drl_<run>`` table there drops in the
+  bridge's forward hook, where every datagram between two agents passes, so
+  loss is network loss (a sender never sees an error).  ``gossip`` loss
+  matches UDP to or from port 7470 entering or leaving the ports of
+  ``hosts`` (default: every agent), each packet tested once; a partition
+  drops everything between the ports of different groups.
+* ``data`` loss is an ``inet drl_<run>`` table in the namespaces at both
+  ends of every data link of ``hosts`` (default: the limiters), dropping in
+  prerouting what arrives on that link: each direction of each such link
+  loses ``percent`` %.
+
+Random loss is ``numgen random mod 100 < N drop``.  A later loss on the same
+network replaces the earlier one; ``heal`` deletes the tables, and so does the
+end of the run (the namespaces go anyway, with anything left in them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from .agents import GOSSIP_PORT, READY_TIMEOUT_S, Agent
+from .errors import LabError
+from .netns import Lab
+from .spec import AGENT_ACTIONS, Fault
+
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+
+
+def table_name(run: str) -> str:
+    return f"drl_{run}"
+
+
+def nft_argv(ns: str, *args: str) -> list[str]:
+    return ["ip", "netns", "exec", ns, "nft", *args]
+
+
+def _set(names: list[str]) -> str:
+    return "{ " + ", ".join(f'"{n}"' for n in names) + " }"
+
+
+def _drop(percent: int) -> str:
+    return "counter drop" if percent >= 100 else f"numgen random mod 100 < {percent} counter drop"
+
+
+def gossip_loss_rules(ports: list[str], percent: int, every_port: list[str]) -> list[str]:
+    """Bridge rules: UDP to/from the gossip port entering or leaving ``ports``; disjoint, so
+    each datagram is tested (and dropped with ``percent`` %) at most once."""
+    gossip = [f"udp dport {GOSSIP_PORT}", f"udp sport {GOSSIP_PORT} udp dport != {GOSSIP_PORT}"]
+    rules = [f"iifname {_set(ports)} {g} {_drop(percent)}" for g in gossip]
+    if set(ports) != set(every_port):
+        rules += [f"iifname != {_set(ports)} oifname {_set(ports)} {g} {_drop(percent)}" for g in gossip]
+    return rules
+
+
+def partition_rules(groups: list[list[str]]) -> list[str]:
+    """Bridge rules: nothing passes between the ports of two different groups."""
+    return [f"iifname {_set(a)} oifname {_set(b)} counter drop"
+            for i, a in enumerate(groups) for j, b in enumerate(groups) if i != j]
+
+
+class Faults:
+    def __init__(self, lab: Lab, agents: list[Agent], logs: Path, t0: float | None = None):
+        self.lab, self.plan, self.logs = lab, lab.plan, logs
+        self.agents = {a.host: a for a in agents}
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.table = table_name(self.plan.run)
+        self.tables: set[tuple[str, str]] = set()   # (namespace, family) holding our table
+        self.stopped: set[str] = set()
+        self.records: list[dict] = []
+        self.restarts: dict[str, int] = {}
+        self.active: dict[tuple[str, str, str], dict] = {}   # (ns, family, chain) -> the fault's record
+        self.log = logs / "faults.log"
+
+    def __enter__(self) -> "Faults":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the actions -------------------------------------------------------------------
+    def apply(self, fault: Fault, now: float) -> dict:
+        """Apply one fault; its record (also in ``records``).  A fault that cannot apply to this
+        run (an agent or control network the CTB reference does not have) is recorded as skipped."""
+        rec = {"at_s": fault.at_s, "action": fault.action, "label": fault.label, "applied_at_s": round(now, 3)}
+        if fault.action in AGENT_ACTIONS:
+            self._agent(fault, rec)
+        elif fault.action == "loss" and fault.on == "data":
+            self._data_loss(fault, rec)
+        elif fault.action in ("loss", "partition"):
+            self._control(fault, rec)
+        else:
+            self.heal()
+        self.records.append(rec)
+        self._note(f"t={now:.2f}s {fault.label}: " + (f"skipped ({rec['skipped']})" if "skipped" in rec else "applied"))
+        if self.tables:
+            self._note(self.ruleset())
+        return rec
+
+    def _agent(self, fault: Fault, rec: dict) -> None:
+        agent = self.agents.get(fault.agent)
+        rec["agent"] = fault.agent
+        if agent is None:
+            rec["skipped"] = f"no agent on {fault.agent} in this run"
+            return
+        rec["pid"] = agent.proc.pid
+        if fault.action == "restart":
+            n = self.restarts[agent.host] = self.restarts.get(agent.host, 0) + 1
+            agent.log = self.logs / f"agent-{agent.host}.restart{n}.log"
+            agent.proc = self.lab.spawn(agent.host, agent.argv, log=agent.log)
+            rec["pid"] = agent.proc.pid
+            threading.Thread(target=self._when_ready, args=(agent, agent.proc, rec), daemon=True).start()
+            return
+        if agent.proc.poll() is not None:
+            rec["skipped"] = f"the agent on {fault.agent} had already exited ({agent.proc.returncode})"
+            return
+        try:
+            os.killpg(agent.proc.pid, SIGNALS[fault.action])
+        except ProcessLookupError:
+            rec["skipped"] = f"the agent on {fault.agent} is gone"
+            return
+        if fault.action == "kill":
+            self.stopped.discard(agent.host)
+            try:
+                rec["exit_status"] = agent.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                raise LabError(f"the agent on {agent.host} (pid {agent.proc.pid}) survived SIGKILL") from None
+        elif fault.action == "stop":
+            self.stopped.add(agent.host)
+        else:
+            self.stopped.discard(agent.host)
+
+    def _when_ready(self, agent: Agent, proc: subprocess.Popen, rec: dict) -> None:
+        try:
+            agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+            if agent.proc is proc:
+                rec["ready_at_s"] = round(time.monotonic() - self.t0, 3)
+        except LabError as e:
+            rec["error"] = str(e)
+
+    def _control(self, fault: Fault, rec: dict) -> None:
+        if not self.plan.ctl:
+            rec["skipped"] = "this run has no control network"
+            return
+        ns = self.plan.ns("ctl")
+        ports = {v.a.host: v.b.name for v in self.plan.ctl}
+        self._ensure(ns, "bridge", {"gossip_loss": "forward", "partition": "forward"})
+        if fault.action == "loss":
+            hosts = list(fault.hosts) or list(ports)
+            rules = gossip_loss_rules([ports[h] for h in hosts], fault.percent, list(ports.values()))
+            self._replace(ns, "bridge", "gossip_loss", rules, rec)
+        else:
+            rules = partition_rules([[ports[h] for h in g] for g in fault.groups])
+            self._replace(ns, "bridge", "partition", rules, rec)
+        rec["rules"] = rules
+
+    def _data_loss(self, fault: Fault, rec: dict) -> None:
+        hosts = list(fault.hosts) or self.plan.exp.limiters
+        ingress: dict[str, list[str]] = {}
+        for v in self.plan.veths:
+            if v.a.host in hosts or v.b.host in hosts:
+                for end in (v.a, v.b):
+                    ingress.setdefault(end.host, []).append(end.name)
+        rec["rules"] = {}
+        # a new data loss replaces the old: every namespace that had one is emptied
+        for ns, family in sorted(self.tables):
+            if family == "inet":
+                self._replace(ns, "inet", "data_loss", [], rec)
+        for host, names in ingress.items():
+            ns = self.plan.ns(host)
+            self._ensure(ns, "inet", {"data_loss": "prerouting"})
+            rule = f"iifname {_set(sorted(set(names)))} {_drop(fault.percent)}"
+            self._replace(ns, "inet", "data_loss", [rule], rec)
+            rec["rules"][host] = [rule]
+
+    # -- nftables ------------------------------------------------------------------------
+    def _ensure(self, ns: str, family: str, chains: dict[str, str]) -> None:
+        if (ns, family) in self.tables:
+            return
+        body = "".join(f"  chain {c} {{ type filter hook {hook} priority 0; policy accept; }}\n"
+                       for c, hook in chains.items())
+        script = f"table {family} {self.table} {{\n{body}}}\n"
+        res = subprocess.run(nft_argv(ns, "-f", "-"), input=script, capture_output=True, text=True)
+        if res.returncode:
+            raise LabError(f"nft in {ns} refused the table {family} {self.table}: {res.stderr.strip()}")
+        self.tables.add((ns, family))
+
+    def _replace(self, ns: str, family: str, chain: str, rules: list[str], rec: dict) -> None:
+        self._count(ns, family, chain)
+        self.active[(ns, family, chain)] = rec
+        script = f"flush chain {family} {self.table} {chain}\n" + "".join(
+            f"add rule {family} {self.table} {chain} {r}\n" for r in rules)
+        res = subprocess.run(nft_argv(ns, "-f", "-"), input=script, capture_output=True, text=True)
+        if res.returncode:
+            raise LabError(f"nft in {ns} refused a rule: {res.stderr.strip()}")
+
+    def ruleset(self) -> str:
+        """Our tables as nft lists them, namespace by namespace (for the faults log)."""
+        out = []
+        for ns, family in sorted(self.tables):
+            res = subprocess.run(nft_argv(ns, "list", "table", family, self.table), capture_output=True, text=True)
+            out.append(f"# {ns}\n{res.stdout.strip() or res.stderr.strip()}")
+        return "\n".join(out)
+
+    def _count(self, ns: str, family: str, chain: str) -> None:
+        """Add what ``chain``'s rules dropped so far to the record of the fault that put them there
+        (``dropped_packets``: the evidence that a loss or partition took effect)."""
+        rec = self.active.pop((ns, family, chain), None)
+        if rec is None:
+            return
+        res = subprocess.run(nft_argv(ns, "-j", "list", "chain", family, self.table, chain), capture_output=True, text=True)
+        try:
+            items = json.loads(res.stdout)["nftables"]
+        except (ValueError, KeyError):
+            return
+        packets = sum(e["counter"]["packets"] for item in items for e in item.get("rule", {}).get("expr", [])
+                      if isinstance(e, dict) and "counter" in e)
+        rec["dropped_packets"] = rec.get("dropped_packets", 0) + packets
+
+    def heal(self) -> None:
+        """Delete every table this run added (loss and partitions end)."""
+        for key in list(self.active):
+            self._count(*key)
+        for ns, family in sorted(self.tables):
+            subprocess.run(nft_argv(ns, "delete", "table", family, self.table), capture_output=True)
+        self.tables.clear()
+
+    def close(self) -> None:
+        """End of the run: stopped agents resume (so SIGTERM can detach them), tables go."""
+        for host in sorted(self.stopped):
+            proc = self.agents[host].proc
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        self.stopped.clear()
+        self.heal()
+
+    def _note(self, line: str) -> None:
+        with open(self.log, "a") as f:
+            f.write(line.rstrip() + "\n")
