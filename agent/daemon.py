@@ -47,7 +47,7 @@ from agent.datapath import Counters, Datapath, DatapathError, now_ns
 from agent.gossip import Outgoing, Received, new_incarnation
 from agent.limits import Limit, LimitBook, LimitBookError
 from agent.membership import Membership
-from agent.model import Decision, Local, Mode, Snapshot, effective_limit
+from agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
 from agent.tenants import ClassRun, ClassTable, StateFileError
 from agent.transport import Standalone, TransportError, UdpTransport
 from agent.units import format_rate, parse_rate, to_bps, UnitError
@@ -126,7 +126,11 @@ class Agent:
         self.transport = transport(cfg)
         self._stack.callback(self.transport.close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
-        self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names)
+        # a peer's last config write is at most two gossip cycles (and a tick) after the last
+        # datagram we had from it: the slack of the stale rule (Membership.may_still_pass)
+        cycles = -(-len(cfg.peers) // cfg.branching) if cfg.peers else 1
+        self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names,
+                                  failsafe_s=cfg.failsafe_s, slack_s=(2 * cycles + 1) * cfg.interval_s)
         self.book = LimitBook(Path(cfg.state_dir) / f"limits-{cfg.node_id}.json")
         self.dp = datapath(cfg, self.transport.address[1] if self.transport.address else None)
         self._stack.callback(self.dp.close)
@@ -314,8 +318,9 @@ class Agent:
         cfg = self.cfg
         local = run.estimator.update(now, counters, flows, kernel_now)
         limit = self.book.get(run.name)
+        view = self.members.view(run.conf.key, now, self._safe_rate(run, limit))
         snap = Snapshot(now=now, node_id=cfg.node_id, interval_s=cfg.interval_s, global_Bps=limit.global_Bps,
-                        local=local, view=self.members.view(run.conf.key, now), inbox=tuple(run.inbox))
+                        local=local, view=view, inbox=tuple(run.inbox))
         run.inbox = []
         step = run.conf.allocator.step(run.state, snap)
         run.state = step.state
@@ -325,7 +330,9 @@ class Agent:
         for env in step.outbox:
             self.transport.send(env, run.conf.key, now)
         run.last = (snap, step, counters)
-        return Outgoing(step.decision.publish, limit.version, active=local.demand_Bps > 0)
+        d = step.decision
+        may_pass = max(_local_limit(d, local), SLOW_START_Bps) if d.mode == Mode.BUCKET else _local_limit(d, local)
+        return Outgoing(d.publish, limit.version, active=local.demand_Bps > 0, local_Bps=may_pass)
 
     def _enforce(self, run: ClassRun, d: Decision, limit: Limit) -> None:
         self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=run.conf.burst_bytes,

@@ -62,6 +62,7 @@ from .wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, 
 
 Addr = Hashable
 
+CLASS_SEQS = 16383      # a class's per-link sequence numbers run 1..16383 and wrap: two varint bytes
 REPEATS = 3             # a quiet class's unchanged value goes to every peer this many times, then rests
 REFRESH_ROUNDS = 100    # ... and once more every this many rounds, in case every repeat was lost
 ANNOUNCE_ROUNDS = 3     # a limit changed here goes to every peer in this many rounds
@@ -70,18 +71,30 @@ MAX_LIVES = 4           # incarnations remembered per sender, each with its repl
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """One class's value for this round; an ``active`` class (it has demand) goes every round."""
+    """One class's value for this round; an ``active`` class (it has demand) goes every round.
+    ``local_Bps``: what our datapath may pass for the class, for the peers' stale rule."""
     value: float
     version: int = 0
     active: bool = True
+    local_Bps: float = 0.0
+
+
+def class_seq_gap(new: int, old: int) -> int | None:
+    """How many of a class's values were lost between ``old`` and ``new`` (serial-number
+    arithmetic, RFC 1982: 1..CLASS_SEQS wrap), or None when ``new`` is not newer; ``old`` 0
+    means nothing heard yet."""
+    if not old:
+        return 0
+    ahead = (new - old) % CLASS_SEQS
+    return ahead - 1 if 0 < ahead <= CLASS_SEQS // 2 else None
 
 
 class _Said:
     """What a class last published, and the round it changed."""
-    __slots__ = ("value", "version", "changed")
+    __slots__ = ("said", "changed")
 
-    def __init__(self, value: float, version: int, changed: int) -> None:
-        self.value, self.version, self.changed = value, version, changed
+    def __init__(self, said: Outgoing, changed: int) -> None:
+        self.said, self.changed = said, changed
 
 
 class _Life:
@@ -327,8 +340,7 @@ class GossipCore:
             if addr in targets:
                 everything = addr in self._full
                 self._full.discard(addr)
-                values = self._stamp(addr, [(k, o.value, o.version) for k, o in classes.items()] if everything
-                                     else due)
+                values = self._stamp(addr, list(classes.items()) if everything else due)
             notes = broadcast + list(self._pending.pop(addr, {}).values())
             for batch in pack(values, notes, self._room(addr)):
                 out.append((addr, self._datagram(addr, 0, batch, now)))
@@ -347,8 +359,8 @@ class GossipCore:
         self._announce = {k: (note, left - 1) for k, (note, left) in self._announce.items() if left > 1}
         return notes
 
-    def _due(self, classes: Mapping[int, Outgoing]) -> list[tuple[int, float, int]]:
-        """(key, value, version) of the classes this round's targets get: active ones, and a
+    def _due(self, classes: Mapping[int, Outgoing]) -> list[tuple[int, Outgoing]]:
+        """(key, what it says) of the classes this round's targets get: active ones, and a
         quiet one for as many rounds after its last change as it takes every peer to hear
         it REPEATS times, then for one cycle every REFRESH_ROUNDS rounds (in case every
         repeat was lost).  Decided once per round, not per peer: thousands of classes."""
@@ -357,11 +369,11 @@ class GossipCore:
         said = self._said
         for key, o in classes.items():
             s = said.get(key)
-            if s is None or s.value != o.value or s.version != o.version:
-                s = said[key] = _Said(o.value, o.version, now)
+            if s is None or s.said != o:
+                s = said[key] = _Said(o, now)
             quiet = now - s.changed
             if o.active or quiet < REPEATS * cycle or quiet % REFRESH_ROUNDS < cycle:
-                out.append((key, o.value, o.version))
+                out.append((key, o))
         if len(said) > len(classes):                      # classes removed since
             self._forget([k for k in said if k not in classes])
         return out
@@ -372,13 +384,13 @@ class GossipCore:
             for seqs in self._seqs.values():
                 seqs.pop(key, None)
 
-    def _stamp(self, addr: Addr, entries: list[tuple[int, float, int]]) -> list[ClassValue]:
+    def _stamp(self, addr: Addr, entries: list[tuple[int, Outgoing]]) -> list[ClassValue]:
         """The entries for ``addr`` with their per-(link, class) sequence numbers."""
         seqs = self._seqs.setdefault(addr, {})
         out = []
-        for key, value, version in entries:
-            seq = seqs[key] = seqs.get(key, 0) + 1
-            out.append(ClassValue(key, seq, value, version))
+        for key, o in entries:
+            seq = seqs[key] = seqs.get(key, 0) % CLASS_SEQS + 1
+            out.append(ClassValue(key, seq, o.value, o.version, o.local_Bps))
         return out
 
     def _room(self, addr: Addr) -> int:

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 from .model import PeerState, PeerView
-from .gossip import Addr, Received
+from .gossip import Addr, Received, class_seq_gap
 from .peers import format_addr
 from .wire import Batch
 
 
-_NOTHING = (0, 0.0)      # (seq, value) of a class a peer has not published
+_NOTHING = (0, 0.0, None)      # (seq, value, local_Bps) of a class a peer has not published
 
 
 def liveness_timeout(interval_s: float, n_peers: int, branching: int, misses: int = 3) -> float:
@@ -55,7 +55,7 @@ class _Slot:
     incarnation: int = 0
     last_seen: float = -math.inf
     lost: int = 0
-    values: dict[int, tuple[int, float]] = field(default_factory=dict)   # class -> (seq, value)
+    values: dict[int, tuple[int, float, float]] = field(default_factory=dict)   # class -> (seq, value, local)
 
     def name(self) -> str:
         return self.node_id or "?" + format_addr(self.addr)
@@ -82,10 +82,12 @@ class _Peers(Mapping[str, PeerState]):
 
 class Membership:
     def __init__(self, node_id: str, peer_addrs: Sequence[Addr], timeout_s: float,
-                 names: Mapping[Addr, str] | None = None) -> None:
+                 names: Mapping[Addr, str] | None = None, failsafe_s: float = math.inf,
+                 slack_s: float = 0.0) -> None:
         if timeout_s <= 0:
             raise ValueError(f"liveness timeout must be > 0 s, got {timeout_s}")
         self.node_id, self.timeout_s = node_id, timeout_s
+        self.failsafe_s, self.slack_s = failsafe_s, slack_s      # the stale rule: may_still_pass
         names = names or {}
         self._slots = {addr: _Slot(addr, names.get(addr, "")) for addr in peer_addrs}
         self._named = {addr: node for addr, node in names.items() if addr in self._slots}
@@ -115,10 +117,10 @@ class Membership:
         if isinstance(rx.payload, Batch):
             for v in rx.payload.values:
                 # newest wins: a reordered older value never overwrites (see gossip.py on compensation)
-                seq = slot.values.get(v.key, (0, 0.0))[0]
-                if v.seq > seq:
-                    slot.values[v.key] = (v.seq, v.value)
-                    self.class_lost[v.key] += v.seq - seq - 1 if seq else 0
+                lost = class_seq_gap(v.seq, slot.values.get(v.key, _NOTHING)[0])
+                if lost is not None:
+                    slot.values[v.key] = (v.seq, v.value, v.local_Bps)
+                    self.class_lost[v.key] += lost
 
     def _claim(self, addr: Addr, node_id: str) -> _Slot:
         """A new node id at ``addr``: forget the old one, and the id's old address."""
@@ -131,11 +133,34 @@ class Membership:
     def _alive(self, slot: _Slot, now: float) -> bool:
         return now - slot.last_seen <= self.timeout_s
 
-    def view(self, class_id: int, now: float) -> PeerView:
-        """The allocator's view of ``class_id``: stale peers count 0 and are not in n_alive."""
+    def view(self, class_id: int, now: float, safe_Bps: float | None = None) -> PeerView:
+        """The allocator's view of ``class_id``: stale peers count 0 and are not in n_alive.
+        With ``safe_Bps`` (the class's fail-safe rate) the view also reserves what every
+        stale peer's datapath may still pass (:meth:`may_still_pass`)."""
         rows, members, n_alive = self._rows(now)
         remote_sum = sum(values.get(class_id, _NOTHING)[1] for _, values, alive, _ in rows.values() if alive)
-        return PeerView(members=members, peers=_Peers(rows, class_id), remote_sum=remote_sum, n_alive=n_alive)
+        reserved = None
+        if safe_Bps is not None:
+            reserved = sum(self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now, safe_Bps)
+                           for _, values, alive, age in rows.values() if not alive)
+        return PeerView(members=members, peers=_Peers(rows, class_id), remote_sum=remote_sum, n_alive=n_alive,
+                        reserved_Bps=reserved)
+
+    def may_still_pass(self, local_Bps: float | None, last_seen: float, now: float, safe_Bps: float) -> float:
+        """What a silent peer's datapath may pass now: the local limit it last told us until
+        its fail-safe can have started, then the larger of that and the safe rate, and the
+        safe rate once its fail-safe has surely started (bpf/limiter.c policy_of).  Its last
+        config write is within ``slack_s`` of the last datagram we had from it, so its
+        fail-safe starts within failsafe_s +- slack_s of that.  A peer never heard, or that
+        never told us this class's limit, is counted at the safe rate."""
+        if local_Bps is None or last_seen == -math.inf:
+            return safe_Bps
+        since = now - last_seen
+        if since < self.failsafe_s - self.slack_s:
+            return local_Bps
+        if since < self.failsafe_s + self.slack_s:
+            return max(local_Bps, safe_Bps)
+        return safe_Bps
 
     def _rows(self, now: float) -> tuple[dict, tuple[str, ...], int]:
         """{name: (name, values, alive, age)} of every slot, the sorted member ids and the

@@ -52,13 +52,15 @@ class PeerState:
 class PeerView:
     """What membership + gossip know of the other nodes, with the stale policy applied.
 
-    000_efbf5459a9d12355.txt §5.6: a stale peer's value counts as zero and the
-    effective global limit shrinks by 1/N per stale peer (see effective_limit).
+    A stale peer's value counts as zero (000_efbf5459a9d12355.txt §5.6), and
+    what its datapath may still pass is kept out of the limit the alive nodes
+    share (``reserved_Bps``, see effective_limit).
     """
     members: tuple[str, ...]                 # every configured node id, self included, sorted
     peers: Mapping[str, PeerState]           # the others (may be a lazy mapping in the simulator)
     remote_sum: float                        # sum of alive peers' values; stale ones count 0
     n_alive: int                             # alive peers, self excluded
+    reserved_Bps: float | None = None        # what stale peers' datapaths may still pass; None: 1/N each
 
     @property
     def n_nodes(self) -> int:
@@ -155,8 +157,12 @@ class Allocator(Protocol):
 
 
 def effective_limit(snap: Snapshot) -> float:
-    """The global limit less 1/N for every stale peer (000_efbf5459a9d12355.txt §5.6)."""
+    """What this node and the alive peers may pass together: the global limit less what the
+    stale peers' datapaths may still pass (agent/membership.py), or, without that, less
+    1/N for every stale peer (000_efbf5459a9d12355.txt §5.6; the simulator's rule)."""
     view = snap.view
+    if view.reserved_Bps is not None:
+        return max(0.0, snap.global_Bps - view.reserved_Bps)
     return snap.global_Bps * (1 + view.n_alive) / max(1, view.n_nodes)
 
 

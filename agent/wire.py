@@ -80,6 +80,7 @@ class ClassValue:
     seq: int
     value: float
     version: int = 0
+    local_Bps: float = 0.0     # what the sender's datapath may pass (the stale rule); travels as kB/s, rounded up
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,21 +182,28 @@ def _fill_batch(sub, batch: Batch) -> None:
     sub.seqs.extend([v.seq for v in vals])
     sub.values.extend([v.value for v in vals])
     sub.versions.extend([v.version for v in vals])
+    sub.locals.extend([_kBps(v.local_Bps) for v in vals])
     for note in batch.limits:
         sub.limits.add(key=note.key, version=note.version, global_Bps=note.global_Bps)
 
 
 def _read_batch(sub) -> Batch | None:
     """A well-formed Batch: arrays of one length, seqs from 1, finite values and limits."""
-    keys, seqs, values, versions = sub.keys, sub.seqs, sub.values, sub.versions
-    if not len(keys) == len(seqs) == len(values) == len(versions) or 0 in seqs:
+    keys, seqs, values, versions, locals_ = sub.keys, sub.seqs, sub.values, sub.versions, sub.locals
+    if not len(keys) == len(seqs) == len(values) == len(versions) == len(locals_) or 0 in seqs:
         return None
     if not all(map(math.isfinite, values)):
         return None
     limits = tuple(LimitNote(n.key, n.version, n.global_Bps) for n in sub.limits)
     if any(not math.isfinite(n.global_Bps) or n.global_Bps < 0 for n in limits):
         return None
-    return Batch(tuple(map(ClassValue, keys, seqs, values, versions)), limits)
+    return Batch(tuple(map(ClassValue, keys, seqs, values, versions, (1000.0 * x for x in locals_))), limits)
+
+
+def _kBps(rate_Bps: float) -> int:
+    """A local limit on the wire: kB/s rounded up (a stale peer is never counted below what it
+    may send), at most 2**32 - 1 kB/s (34 Tbit/s)."""
+    return min(2**32 - 1, math.ceil(max(0.0, rate_Bps) / 1000.0))
 
 
 def _note_bytes(n: LimitNote) -> int:
@@ -206,7 +214,7 @@ def _note_bytes(n: LimitNote) -> int:
 def pack(values: list[ClassValue], limits: list[LimitNote], room: int) -> list[Batch]:
     """Split values and limit notes into Batches whose encoding takes at most ``room``
     bytes each (the datagram less its header and tag); at least one (a heartbeat)."""
-    room -= 3 + 4 * 3          # the oneof's tag and length; the four packed arrays' tags and lengths
+    room -= 3 + 5 * 3          # the oneof's tag and length; the five packed arrays' tags and lengths
     out, cur_l, used = [], [], 0
     for note in limits:
         cost = _note_bytes(note)
@@ -217,8 +225,9 @@ def pack(values: list[ClassValue], limits: list[LimitNote], room: int) -> list[B
         used += cost
     start = 0
     for i, v in enumerate(values):
-        # key fixed32 + seq varint + float + version varint (a varint of 0 is one byte)
-        cost = 8 + (v.seq.bit_length() + 6) // 7 + ((v.version.bit_length() + 6) // 7 or 1)
+        # key fixed32 + seq varint + value float + version varint (0 takes one byte) + local varint
+        cost = (8 + (v.seq.bit_length() + 6) // 7 + ((v.version.bit_length() + 6) // 7 or 1)
+                + ((_kBps(v.local_Bps).bit_length() + 6) // 7 or 1))
         if used + cost > room and (i > start or cur_l):
             out.append(Batch(tuple(values[start:i]), tuple(cur_l)))
             start, cur_l, used = i, [], 0

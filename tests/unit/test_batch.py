@@ -14,7 +14,8 @@ HEADER = Header(cluster="drl", node="node-with-a-long-name", dst="receiver-node"
                 incarnation=2**45)
 
 f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
-values = st.builds(ClassValue, st.integers(0, 2**32 - 1), st.integers(1, 2**63), f32, st.integers(0, 2**63))
+kbps = st.integers(0, 2**32 - 1).map(lambda k: 1000.0 * k)          # what the wire carries: whole kB/s
+values = st.builds(ClassValue, st.integers(0, 2**32 - 1), st.integers(1, 2**63), f32, st.integers(0, 2**63), kbps)
 notes = st.builds(LimitNote, st.integers(0, 2**32 - 1), st.integers(0, 2**63), st.floats(0, 1e15))
 
 
@@ -42,7 +43,7 @@ def test_an_empty_batch_is_one_heartbeat():
 
 
 def test_a_class_costs_at_most_16_bytes_on_the_wire_with_headers_shared():
-    vals = [ClassValue(0xFFFFFFFF - i, 200_000 + i, 1.25e6 + i, 3) for i in range(1000)]
+    vals = [ClassValue(0xFFFFFFFF - i, 16_000 + i % 383, 1.25e6 + i, 3, local_Bps=4.2e5) for i in range(1000)]
     wire = [len(d) + 28 for d in datagrams(vals, [])]        # + IPv4 and UDP headers
     assert sum(wire) / len(vals) <= 16
 
@@ -59,6 +60,11 @@ def test_a_batch_with_arrays_of_different_lengths_is_garbage(vals, drop):
 def test_non_finite_values_and_negative_limits_are_garbage():
     for batch in (Batch((ClassValue(1, 1, float("inf")),)), Batch((), (LimitNote(1, 1, -5.0),))):
         assert decode(encode(Message(HEADER, batch), KEY), KEY, "drl") == Reason.GARBAGE
+
+
+def test_local_limits_travel_as_kilobytes_rounded_up():
+    [data] = datagrams([ClassValue(1, 1, 0.0, local_Bps=1234.5)], [])
+    assert decode(data, KEY, "drl").payload.values[0].local_Bps == 2000.0    # never below what it may send
 
 
 def test_values_travel_as_32_bit_floats():
@@ -149,3 +155,19 @@ def test_every_class_arrives_once_and_in_order_under_loss_and_reordering(n_class
     if loss == 0.0:
         assert all(n == rounds for n in arrivals.values())
         assert all(held[k] == (rounds - 1) * 1000 + k for k in range(n_classes))
+
+
+def test_class_sequence_numbers_wrap_and_still_order():
+    from agent.gossip import CLASS_SEQS, class_seq_gap
+    assert class_seq_gap(5, 0) == 0 and class_seq_gap(6, 5) == 0 and class_seq_gap(9, 5) == 3
+    assert class_seq_gap(5, 6) is None and class_seq_gap(5, 5) is None
+    assert class_seq_gap(1, CLASS_SEQS) == 0 and class_seq_gap(2, CLASS_SEQS - 1) == 2   # across the wrap
+    assert class_seq_gap(CLASS_SEQS, 1) is None                                           # older, across it
+
+
+def test_a_long_lived_link_keeps_class_seqs_at_two_bytes():
+    a, b = pair()
+    for r in range(20_000):
+        sent = a.publish({7: Outgoing(float(r))}, r)
+    v = decode(sent[0][1], KEY, "c").payload.values[0]
+    assert v.seq == 20_000 % 16_383

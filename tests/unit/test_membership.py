@@ -148,3 +148,29 @@ def test_a_lower_incarnation_gossip_accepts_again_replaces_the_higher_ones_value
     m.observe(Peer(PEERS[0], "n2", incarnation=2**50).rx(9e9, seq=10**6), 0.1)
     m.observe(Peer(PEERS[0], "n2", incarnation=1000).rx(6.0, seq=60), 0.5)
     assert m.view(1, 0.5).remote_sum == 6.0 and m.status(0.5)[0]["incarnation"] == 1000
+
+
+# -- the stale rule counts what a silent peer's datapath may still pass -----------------------
+
+def test_a_silent_peer_counts_its_last_local_limit_until_its_fail_safe_then_the_safe_rate():
+    m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
+    n2, n3 = Peer(PEERS[0], "n2"), Peer(PEERS[1], "n3")
+    m.observe(n2.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=900_000.0),))), 0.0)
+    m.observe(n3.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=100_000.0),))), 0.0)
+    safe = GLOBAL_BPS / 3                                          # 400 kB/s
+    def reserved(t):
+        return m.view(1, t, safe_Bps=safe).reserved_Bps
+    assert reserved(0.2) == 0.0                                    # both alive
+    assert reserved(1.0) == 900_000 + 100_000                      # stale: what they may still pass
+    assert reserved(1.8) == 900_000 + safe                         # either side of a fail-safe: the larger
+    assert reserved(2.4) == 2 * safe                               # fail-safes surely on
+    snap = Snapshot(now=1.0, node_id="n1", interval_s=0.1, global_Bps=GLOBAL_BPS,
+                    local=Local(demand_Bps=0.0), view=m.view(1, 1.0, safe_Bps=safe))
+    assert effective_limit(snap) == GLOBAL_BPS - 1_000_000         # never more than the rest can pass
+    assert m.view(1, 1.0).reserved_Bps is None and limit(m.view(1, 1.0)) == GLOBAL_BPS / 3   # the 1/N rule
+
+
+def test_a_peer_never_heard_or_silent_about_a_class_counts_the_safe_rate():
+    m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
+    m.observe(Peer(PEERS[0], "n2").rx(Batch((ClassValue(7, 1, 5.0, local_Bps=900_000.0),))), 0.0)
+    assert m.view(1, 1.0, safe_Bps=400_000.0).reserved_Bps == 2 * 400_000.0

@@ -33,7 +33,7 @@ def header(**kw) -> Header:
 
 def update(value: float) -> Batch:
     """One class's value, as the agent gossips it."""
-    return Batch((ClassValue(key=0xC0FFEE, seq=9, value=value, version=2),))
+    return Batch((ClassValue(key=0xC0FFEE, seq=9, value=value, version=2, local_Bps=625_000.0),))
 
 
 PAYLOADS = [update(1_250_000.0), update(0.0), Batch(), Batch((), (LimitNote(5, 2, 1.25e6),)), Transfer(7, 1e6, 3e6),
@@ -63,9 +63,9 @@ def test_update_size():
     ours = encode(Message(header(), update(1_250_000.0)), KEY)
     insecure = encode(Message(header(), update(1_250_000.0)), None)
     assert len(ours) == len(insecure) + TAG_BYTES
-    assert len(ours) == 112     # with 13-character node ids for sender and receiver
+    assert len(ours) == 116     # with 13-character node ids for sender and receiver
     short = encode(Message(header(node="n1", dst="n2", cluster="c", seq=9), update(1.5)), KEY)
-    assert len(short) == 87
+    assert len(short) == 91
 
 
 def valid() -> bytes:
