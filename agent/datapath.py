@@ -307,10 +307,15 @@ class Datapath:
         self._rules = new
 
     def reset_class(self, class_id: int) -> None:
-        """Config back to PASS, bucket and per-CPU counters to zero: the id can serve a new class."""
+        """Config back to PASS, counters to zero and the bucket empty: the id can serve a new
+        class.  Empty, not full: a restarted agent's fresh bucket would otherwise pass a
+        whole burst on top of what the other hosts' buckets pass (README "Faults")."""
         self._check_class(class_id)
-        for name in (b"config", b"buckets", b"counters"):
+        for name in (b"config", b"counters"):
             self._bpf[name][ct.c_int(class_id)] = self._bpf[name].Leaf()
+        bucket = self._bpf[b"buckets"].Leaf()
+        bucket.last_ns = now_ns()           # credit accrues from now, from 0
+        self._bpf[b"buckets"][ct.c_int(class_id)] = bucket
 
     # -- reading --------------------------------------------------------------
 
