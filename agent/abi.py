@@ -26,8 +26,17 @@ MAX_PREFIX_LENGTHS = 8
 # A free slot of settings.dst_lengths / src_lengths: longer than any key
 # (8 + 128), so the program skips it with the lengths its family cannot have.
 NO_PREFIX_LENGTH = 0xFF
-# UDP ports exempt from policing (the agents' gossip).
-MAX_EXEMPT_PORTS = 4
+# The socket mark (SO_MARK) of the agent's gossip socket.  bpf/limiter.c
+# exempts a packet from policing only when it is UDP from the agent's listen
+# port *and* carries this mark, so other traffic to or from that port is
+# policed like any other, and a mark alone exempts nothing either.  Setting
+# a mark needs CAP_NET_ADMIN.  The mark also reaches netfilter and policy
+# routing (ip rule fwmark), so it must not be one the host's own rules give
+# meaning to: "D1D1" in the high half and nothing in the low 16 bits, which
+# kube-proxy (0x4000, 0x8000), wg-quick (0xca6c) and firewalld use.  Change it
+# with --gossip-mark (any value but 0).  A rule that rewrites the mark of the
+# gossip on its way out makes the gossip policed (errs low, never high).
+GOSSIP_MARK = 0xD1D1_0000
 
 # Fixed-point probabilities: a packet is chosen when bpf_get_prandom_u32() < p.
 PROB_ONE = 1 << 32
@@ -49,7 +58,7 @@ def cflags(**sizes: int) -> list[str]:
     ``DROP_ACTION``."""
     values = {"MAX_FLOWS": MAX_FLOWS, "MAX_CLASSES": MAX_CLASSES, "RULES_PER_KEY": RULES_PER_KEY,
               "MAX_MARK_MASKS": MAX_MARK_MASKS,
-              "MAX_PREFIX_LENGTHS": MAX_PREFIX_LENGTHS, "MAX_EXEMPT_PORTS": MAX_EXEMPT_PORTS,
+              "MAX_PREFIX_LENGTHS": MAX_PREFIX_LENGTHS,
               "PROB_ONE": f"{PROB_ONE}ULL", "UNLIMITED": f"{UNLIMITED}ULL",
               "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP}
     values.update(sizes)

@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from agent import abi
 from agent.allocators import allocator_class, create
 from agent.allocators.common import ParameterError
 from agent.classes import ClassRule, ClassSpecError, parse_classes
@@ -73,6 +74,7 @@ class Config:
     max_flows: int
     max_classes: int
     state_dir: str
+    gossip_mark: int = abi.GOSSIP_MARK       # SO_MARK of the gossip socket, exempt from policing (agent/abi.py)
     reload: Callable[[], tuple[ClassConf, ...]] | None = None   # re-reads --config; raises ConfigError
 
     @property
@@ -115,7 +117,8 @@ def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] |
         classes=confs, socket_path=opts["socket_path"],
         failsafe_s=max(FAILSAFE_MIN_S, FAILSAFE_INTERVALS * interval_s),
         sample_probability=_sample_probability(opts, confs), max_flows=opts["max_flows"],
-        max_classes=opts["max_classes"], state_dir=opts["state_dir"])
+        max_classes=opts["max_classes"], state_dir=opts["state_dir"],
+        gossip_mark=_gossip_mark(opts.get("gossip_mark")))
 
 
 def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]], peers: tuple[Peer, ...],
@@ -153,6 +156,14 @@ def _sample_probability(opts: Mapping[str, Any], classes: tuple[ClassConf, ...])
     if opts["sample_probability"] is not None:
         return opts["sample_probability"]
     return min(getattr(c.allocator, "sample_probability", 1.0) for c in classes)
+
+
+def _gossip_mark(mark: int | None) -> int:
+    if mark is None:
+        return abi.GOSSIP_MARK
+    if not 0 < mark < 2**32:
+        raise ConfigError(f"--gossip-mark {mark:#x}: give a mark in 0x1-0xffffffff (0 would exempt unmarked traffic)")
+    return mark
 
 
 def _check_host(iface: str) -> None:

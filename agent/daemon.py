@@ -83,21 +83,23 @@ def udp_transport(cfg: Config) -> UdpTransport | Standalone:
     """The gossip transport the agent runs with: UDP on ``--listen``, or none without peers."""
     if cfg.standalone:
         return Standalone()
-    return UdpTransport.bind(cfg.listen, [p.addr for p in cfg.peers], node_id=cfg.node_id, cluster=CLUSTER,
+    return UdpTransport.bind(cfg.listen, [p.addr for p in cfg.peers], mark=cfg.gossip_mark, node_id=cfg.node_id,
+                             cluster=CLUSTER,
                              key=cfg.key, branching=cfg.branching, incarnation=new_incarnation(),
                              names={p.addr: p.node_id for p in cfg.peers if p.node_id}, timeout_s=cfg.peer_timeout_s)
 
 
 def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
-    """The datapath the agent runs with, on ``--iface``; our own gossip is never policed."""
+    """The datapath the agent runs with, on ``--iface``; our own gossip (from the port, with
+    the mark) is never policed; ``exclusive``: one agent per interface (agent/lock.py)."""
     return Datapath(cfg.iface, max_flows=cfg.max_flows, max_classes=cfg.max_classes,
-                    exempt_udp_ports=() if gossip_port is None else (gossip_port,))
+                    gossip_port=gossip_port, gossip_mark=cfg.gossip_mark, exclusive=True)
 
 
 class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
-    datapath needs attach, close, set_class, batch, set_rules, reset_class,
+    datapath needs attach, ensure_attached, attachment, close, set_class, batch, set_rules, reset_class,
     set_sample_probability, read_counters and read_flows; a transport address, resolved, peer_addrs, stats, poll,
     publish, announce, send, close (and sock, for ``serve``)."""
 
@@ -300,6 +302,7 @@ class Agent:
     # -- the tick ---------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
+        self.dp.ensure_attached()      # our filter removed or replaced behind our back: attach again
         runs = list(self.table)
         counters = self.dp.read_counters([run.class_id for run in runs])
         flows = collections.defaultdict(list)
@@ -369,7 +372,8 @@ class Agent:
         out = {"node_id": cfg.node_id, "interface": cfg.iface, "interval_s": cfg.interval_s,
                "uptime_s": now - self.started, "ticks": self.ticks, "listen": _listen(self.transport.address),
                "standalone": cfg.standalone, "authenticated": cfg.key is not None,
-               "gossip": self.transport.stats.as_dict(now), "peers": self.members.status(now)}
+               "gossip": self.transport.stats.as_dict(now), "peers": self.members.status(now),
+               "datapath": self.dp.attachment}
         out.update({k: v for k, v in first.items() if k != "name"})
         out["classes"] = classes
         return out

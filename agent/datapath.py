@@ -6,7 +6,7 @@ uses the small interface below, which a test double can implement too::
     from agent.model import Mode
     from agent.classes import parse_classes
 
-    with Datapath("eth0", parse_classes(["dport=80,proto=tcp"]), exempt_udp_ports=[7946]) as dp:
+    with Datapath("eth0", parse_classes(["dport=80,proto=tcp"]), gossip_port=7470) as dp:
         dp.set_class(0, Mode.BUCKET, rate_Bps=6.25e6, safe_rate_Bps=3e6, timeout_s=5)
         ...
         dp.read_counters()[0].passed_bytes
@@ -14,10 +14,16 @@ uses the small interface below, which a test double can implement too::
 Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 
 * ``Datapath(iface, classes=(), *, class_ids=None, max_flows=4096, max_classes=4096,
-  exempt_udp_ports=(), drop_action="stolen", floor_rate_Bps=FLOOR_RATE_Bps, netns=None)``
+  gossip_port=None, gossip_mark=abi.GOSSIP_MARK, drop_action="stolen", floor_rate_Bps=FLOOR_RATE_Bps,
+  netns=None, exclusive=False)``
   compiles and loads, then ``set_rules(zip(classes, class_ids))`` (class_ids
   default 0, 1, ...: several rules may feed one class); no classes = every
-  IP packet is class 0.  UDP to or from an exempt port is never policed.
+  IP packet is class 0.  UDP from ``gossip_port`` that carries ``gossip_mark``
+  (the agent's own gossip socket, agent/transport.py) is never policed;
+  everything else on that port is.  ``exclusive``: hold the interface's
+  lock (agent/lock.py, one agent per interface and network namespace) from
+  before the program is compiled until ``close()``; DatapathError if another
+  process holds it.
 * ``set_rules(rules)``: ``rules`` is a sequence of ``(ClassRule, class_id)``
   (precedence: agent/classify.py); replaces the installed set while packets
   flow: new and changed map entries are written first, then the mark masks
@@ -27,6 +33,13 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
   before a class id is reused for another class.
 * ``attach()`` / ``detach()`` (or ``with``): idempotent; attach replaces our
   filter (fixed prio/handle), detach removes exactly what attach added.
+* ``ensure_attached() -> bool``: after attach, is our program still the
+  egress filter?  One netlink dump; if not (filter or clsact removed,
+  replaced by another program) attach again and return True.  Never raises:
+  a failed re-attach logs once and shows in ``attachment`` (state
+  ``failed``), and is tried again on the next call.
+* ``attachment``: ``{"state": "attached"|"failed"|"detached", "reattached": N,
+  "error": None|str}`` for the agent's status.
 * ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
   safe_rate_Bps=None, timeout_s=None, quota_bytes=None)``: one write, stamped
   with ``now_ns()``.  Until a class is set it passes everything.
@@ -44,7 +57,10 @@ from __future__ import annotations
 import contextlib
 import ctypes as ct
 import ipaddress
+import logging
 import os
+import socket
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -56,7 +72,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
 from agent.model import Mode, SLOW_START_Bps
-from agent import abi
+from agent import abi, lock
 from agent.classes import ClassRule
 from agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
 
@@ -82,6 +98,7 @@ FLOOR_RATE_Bps = SLOW_START_Bps   # a bucket never refills slower (FPS slow star
 
 
 _MODES = frozenset(Mode)
+log = logging.getLogger("drl.agent")
 
 
 class DatapathError(RuntimeError):
@@ -131,8 +148,8 @@ class Datapath:
 
     def __init__(self, iface: str, classes: Sequence[ClassRule] = (), *, class_ids: Sequence[int] | None = None,
                  max_flows: int = abi.MAX_FLOWS, max_classes: int = abi.MAX_CLASSES,
-                 exempt_udp_ports: Iterable[int] = (), drop_action: str = "stolen",
-                 floor_rate_Bps: int = FLOOR_RATE_Bps, netns: str | None = None):
+                 gossip_port: int | None = None, gossip_mark: int = abi.GOSSIP_MARK, drop_action: str = "stolen",
+                 floor_rate_Bps: int = FLOOR_RATE_Bps, netns: str | None = None, exclusive: bool = False):
         _check_privileges()
         if drop_action not in abi.DROP_ACTIONS:
             raise DatapathError(f"drop action {drop_action!r}: use one of {', '.join(abi.DROP_ACTIONS)}")
@@ -147,15 +164,31 @@ class Datapath:
         self._flow_keys: dict[bytes, FlowKey] = {}
         self._pending: dict | None = None          # set_class writes collected by batch()
         self._rules = EMPTY
-        self._ipr, self._ifindex = _open_link(iface, netns)
-        self._bpf = _compile(max_flows, max_classes, abi.DROP_ACTIONS[drop_action])
-        self._fn = self._load()
+        gossip_port, gossip_mark = _gossip_exemption(gossip_port, gossip_mark)
+        self._lock = self._bpf = None
         self._attached = False
         self._created_clsact = False
-        self._write_settings(sample_prob=abi.PROB_ONE, exempt_ports=_exempt_ports(exempt_udp_ports),
-                             mark_masks=EMPTY.mark_masks, dst_lengths=EMPTY.dst_lengths,
-                             src_lengths=EMPTY.src_lengths)
-        self.set_rules(list(zip(rules, class_ids)))
+        self._reattached = 0
+        self._attach_error: str | None = None
+        self._ipr, self._nl, self._ifindex = _open_link(iface, netns)
+        try:
+            if exclusive:    # before the compile: a refused second agent costs nothing and touches nothing
+                try:
+                    self._lock = lock.InterfaceLock.take(iface, self._ifindex, netns)
+                except lock.LockError as e:
+                    raise DatapathError(str(e)) from None
+            self._bpf = _compile(max_flows, max_classes, abi.DROP_ACTIONS[drop_action])
+            self._fn = self._load()
+            self._prog_id = _prog_id(self._fn.fd)
+            self._write_settings(sample_prob=abi.PROB_ONE, gossip_port=gossip_port, gossip_mark=gossip_mark,
+                                 mark_masks=EMPTY.mark_masks, dst_lengths=EMPTY.dst_lengths,
+                                 src_lengths=EMPTY.src_lengths)
+            self.set_rules(list(zip(rules, class_ids)))
+        except BaseException:
+            if self._bpf is not None:
+                self._bpf.cleanup()
+            self._release()
+            raise
 
     # -- attach / detach ------------------------------------------------------
 
@@ -196,10 +229,52 @@ class Datapath:
             raise DatapathError(f"cannot detach from {self.iface}: {e.args[-1]}") from None
         self._attached = self._created_clsact = False
 
+    def ensure_attached(self) -> bool:
+        """Is our program still the egress filter?  If not, attach again; True when it had to.
+
+        One netlink dump of the egress filters (~0.1 ms, bench in
+        tests/kernel/test_takeover.py) each call: the agent calls it every tick.
+        A filter that is gone, a clsact that is gone, or another program at our
+        prio/handle all count as detached.  Never raises: a failed attach is
+        logged once (``event=reattach_failed``) and kept in ``attachment`` until a
+        later call succeeds.
+        """
+        if not self._attached and self._attach_error is None:
+            return False                     # never attached (or detached on purpose)
+        if self._attach_error is None and self._ours_attached():
+            return False
+        try:
+            self.attach()
+        except DatapathError as e:
+            if self._attach_error != str(e):
+                log.error("event=reattach_failed iface=%s error=%r", self.iface, str(e))
+            self._attach_error = str(e)
+            self._attached = False
+            return False
+        self._attach_error = None
+        self._reattached += 1
+        log.warning("event=reattached iface=%s times=%d reason=filter_missing", self.iface, self._reattached)
+        return True
+
+    @property
+    def attachment(self) -> dict:
+        """For the agent's status: state attached|failed|detached, re-attach count, last error."""
+        state = "failed" if self._attach_error else "attached" if self._attached else "detached"
+        return {"state": state, "reattached": self._reattached, "error": self._attach_error}
+
     def close(self) -> None:
-        self.detach()
-        self._bpf.cleanup()
+        try:
+            self.detach()
+        finally:
+            self._bpf.cleanup()
+            self._release()
+
+    def _release(self) -> None:
         self._ipr.close()
+        self._nl.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> "Datapath":
         self.attach()
@@ -388,6 +463,14 @@ class Datapath:
         except NetlinkError:  # the interface is gone
             return False
 
+    def _ours_attached(self) -> bool:
+        """Our program at our prio/handle on clsact egress: one dump on the raw netlink
+        socket (a missing clsact or interface dumps nothing)."""
+        try:
+            return _egress_prog_id(self._nl, self._ifindex) == self._prog_id
+        except OSError:
+            return False
+
     def _filters(self) -> list:
         return [f for parent in (0xFFFFFFF2, 0xFFFFFFF3)      # clsact ingress, egress
                 for f in self._ipr.get_filters(self._ifindex, parent=parent) if f.get_attr("TCA_KIND")]
@@ -423,6 +506,54 @@ def _is_ours(f) -> bool:
     return f["handle"] in (0, FILTER_HANDLE) and f["info"] >> 16 == FILTER_PRIO
 
 
+# rtnetlink, for the per-tick check (ensure_attached): pyroute2 takes ~0.2 ms to dump the
+# egress filters and does not decode TCA_BPF_ID; this reads the one id in ~30 us.
+_RTM_NEWTFILTER, _RTM_GETTFILTER = 44, 46
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_TCA_KIND, _TCA_OPTIONS, _TCA_BPF_ID = 1, 2, 11
+_NLMSG = struct.Struct("=IHHII")              # nlmsghdr
+_TCMSG = struct.Struct("=BxxxiIII")           # tcmsg: family, ifindex, handle, parent, info
+_NLA = struct.Struct("=HH")
+
+
+def _nlattrs(buf: bytes, start: int, end: int) -> dict[int, bytes]:
+    out = {}
+    while start + 4 <= end:
+        length, kind = _NLA.unpack_from(buf, start)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = buf[start + 4:start + length]
+        start += (length + 3) & ~3
+    return out
+
+
+def _egress_prog_id(sock: socket.socket, ifindex: int) -> int | None:
+    """The program id of the bpf filter at our prio/handle on clsact egress, or None."""
+    seq = int(time.monotonic_ns() & 0xFFFFFFFF)
+    sock.send(_NLMSG.pack(_NLMSG.size + _TCMSG.size, _RTM_GETTFILTER, _NLM_F_REQUEST_DUMP, seq, 0)
+              + _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, int(EGRESS_PARENT.replace(":", ""), 16), 0))
+    found = None
+    while True:
+        buf = sock.recv(65536)
+        pos = 0
+        while pos + _NLMSG.size <= len(buf):
+            length, kind, _, got_seq, _ = _NLMSG.unpack_from(buf, pos)
+            if length < _NLMSG.size:
+                return found
+            if got_seq == seq:
+                if kind in (_NLMSG_DONE, _NLMSG_ERROR):
+                    return found
+                if kind == _RTM_NEWTFILTER:
+                    _, _, handle, _, info = _TCMSG.unpack_from(buf, pos + _NLMSG.size)
+                    if handle == FILTER_HANDLE and info >> 16 == FILTER_PRIO:
+                        attrs = _nlattrs(buf, pos + _NLMSG.size + _TCMSG.size, pos + length)
+                        bpf = _nlattrs(attrs.get(_TCA_OPTIONS, b""), 0, len(attrs.get(_TCA_OPTIONS, b"")))
+                        if attrs.get(_TCA_KIND, b"").rstrip(b"\0") == b"bpf" and len(bpf.get(_TCA_BPF_ID, b"")) == 4:
+                            found = int.from_bytes(bpf[_TCA_BPF_ID], sys.byteorder)
+            pos += (length + 3) & ~3
+
+
 def _check_privileges() -> None:
     if BPF is None:
         raise DatapathError("bcc is not installed (Debian/Ubuntu: apt install python3-bpfcc)")
@@ -432,8 +563,9 @@ def _check_privileges() -> None:
         raise DatapathError("loading the datapath needs root (CAP_BPF and CAP_NET_ADMIN)")
 
 
-def _open_link(iface: str, netns: str | None) -> tuple[IPRoute, int]:
-    """An rtnetlink socket in netns (None = ours) and the interface's index there."""
+def _open_link(iface: str, netns: str | None) -> tuple[IPRoute, socket.socket, int]:
+    """Two rtnetlink sockets in netns (None = ours): pyroute2's, and a raw one for
+    ensure_attached's dump; and the interface's index there."""
     if netns and not Path("/var/run/netns", netns).exists():  # pushns would create it
         raise DatapathError(f"no network namespace {netns!r}")
     try:
@@ -441,17 +573,20 @@ def _open_link(iface: str, netns: str | None) -> tuple[IPRoute, int]:
             pushns(netns)
         try:
             ipr = IPRoute()
+            nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
         finally:
             if netns:
                 popns()
     except OSError as e:
         raise DatapathError(f"cannot enter network namespace {netns!r}: {e.strerror}") from None
+    nl.settimeout(1.0)
     found = ipr.link_lookup(ifname=iface)
     if not found:
         ipr.close()
+        nl.close()
         where = f" in netns {netns}" if netns else ""
         raise DatapathError(f"no interface {iface!r}{where}")
-    return ipr, found[0]
+    return ipr, nl, found[0]
 
 
 def _compile(max_flows: int, max_classes: int, drop_action: int):
@@ -472,12 +607,24 @@ def _sum_cpus(per_cpu) -> Counters:
                     sum(c.dropped_bytes for c in per_cpu), sum(c.dropped_packets for c in per_cpu))
 
 
-def _exempt_ports(ports: Iterable[int]) -> list[int]:
-    """settings.exempt_ports: the agents' gossip ports, 0-padded."""
-    ports = list(ports)
-    if len(ports) > abi.MAX_EXEMPT_PORTS or not all(0 < p < 65536 for p in ports):
-        raise DatapathError(f"exempt UDP ports {ports}: at most {abi.MAX_EXEMPT_PORTS}, each 1-65535")
-    return ports + [0] * (abi.MAX_EXEMPT_PORTS - len(ports))
+def _gossip_exemption(port: int | None, mark: int) -> tuple[int, int]:
+    """settings.gossip_port and gossip_mark: (0, 0) exempts nothing."""
+    if port is None:
+        return 0, 0
+    if not 0 < port < 65536:
+        raise DatapathError(f"gossip port {port} is not in 1-65535")
+    if not 0 < mark < 2**32:
+        raise DatapathError(f"gossip mark {mark:#x} is not in 0x1-0xffffffff (0 would exempt unmarked traffic)")
+    return port, mark
+
+
+def _prog_id(fd: int) -> int:
+    """The kernel's id of a loaded program (what a tc filter dump reports as TCA_BPF_ID)."""
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        for line in f:
+            if line.startswith("prog_id:"):
+                return int(line.split()[1])
+    raise DatapathError("cannot read the loaded program's id (kernel too old: no prog_id in fdinfo)")
 
 
 def _words(packed: bytes) -> list[int]:

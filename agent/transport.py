@@ -25,6 +25,7 @@ import errno
 import math
 import random
 import socket
+import sys
 from typing import Mapping, Sequence
 
 from .gossip import GossipCore, Outgoing, PeerList, Received, Stats
@@ -47,12 +48,14 @@ def _resolve(host: str, port: int, family: int) -> HostPort:
     return info[0][4][:2]
 
 
-def _bind(listen: HostPort) -> socket.socket:
+def _bind(listen: HostPort, mark: int | None = None) -> socket.socket:
     host, port = listen
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     addr = _resolve(host, port, family)
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
+        if mark is not None:
+            _set_mark(sock, mark)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)   # IPv4 peers too
         sock.bind(addr)
@@ -62,6 +65,18 @@ def _bind(listen: HostPort) -> socket.socket:
                errno.EADDRNOTAVAIL: "address is not on this host"}.get(e.errno, e.strerror)
         raise TransportError(f"cannot listen on {format_addr(listen)}: {why}") from None
     return sock
+
+
+def _set_mark(sock: socket.socket, mark: int) -> None:
+    """SO_MARK: every datagram the socket sends carries ``mark`` as skb->mark, which is
+    how bpf/limiter.c tells the agent's own gossip from other traffic on its port
+    (agent/abi.py GOSSIP_MARK).  Needs CAP_NET_ADMIN."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark.to_bytes(4, sys.byteorder))   # > INT_MAX too
+    except OSError as e:
+        sock.close()
+        raise TransportError(f"cannot mark the gossip socket ({mark:#x}): {e.strerror} "
+                             "(needs CAP_NET_ADMIN)") from None
 
 
 class UdpTransport:
@@ -101,9 +116,10 @@ class UdpTransport:
         self.stats = self.core.stats
 
     @classmethod
-    def bind(cls, listen: HostPort, peers: Sequence[HostPort], **kw) -> "UdpTransport":
-        """Listen on ``listen``; ``kw`` as for the constructor.  Raises TransportError."""
-        return cls(_bind(listen), peers, **kw)
+    def bind(cls, listen: HostPort, peers: Sequence[HostPort], mark: int | None = None, **kw) -> "UdpTransport":
+        """Listen on ``listen``; ``mark``: SO_MARK of every datagram sent (None: unmarked);
+        ``kw`` as for the constructor.  Raises TransportError."""
+        return cls(_bind(listen, mark), peers, **kw)
 
     def poll(self, now: float) -> list[Received]:
         """Everything that arrived since the last poll, validated, in arrival order; never raises."""

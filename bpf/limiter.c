@@ -212,19 +212,17 @@ static __always_inline __s64 classify(const struct settings *s, const struct flo
 	return first_match(longest_prefix(s->src_lengths, k->src, k->family, 1), k);
 }
 
-/* The agents' own gossip (UDP to or from an exempt port) is never policed,
- * whatever the class rules say. */
-static __always_inline int exempt(const struct settings *s, const struct flow_key *k)
+/* The agent's own gossip is never policed, whatever the class rules say:
+ * UDP from its listen port (gossip_port) sent by its own socket, which the
+ * agent marks with gossip_mark (SO_MARK, agent/transport.py; the kernel
+ * copies sk_mark to skb->mark for every datagram it builds).  Both must
+ * hold: any socket may use the port (another address, or as destination),
+ * and only CAP_NET_ADMIN can set a mark.  Everything else on the port is
+ * traffic like any other (issue 19: the port alone was a bypass). */
+static __always_inline int exempt(const struct settings *s, const struct flow_key *k, __u32 mark)
 {
-	if (k->proto != IPPROTO_UDP)
-		return 0;
-	for (__u32 i = 0; i < MAX_EXEMPT_PORTS; i++) {
-		__u16 port = s->exempt_ports[i];
-
-		if (port && (port == k->sport || port == k->dport))
-			return 1;
-	}
-	return 0;
+	return s->gossip_port && k->proto == IPPROTO_UDP && k->sport == s->gossip_port &&
+	       mark == s->gossip_mark;
 }
 
 /* The bytes the limit counts: the L2 frame as the kernel's qdiscs (tbf)
@@ -406,7 +404,7 @@ int drl_egress(struct __sk_buff *skb)
 
 	if (!s)
 		return TC_ACT_OK;
-	if (parse(skb, &key) < 0 || exempt(s, &key))
+	if (parse(skb, &key) < 0 || exempt(s, &key, skb->mark))
 		return bypass(len);
 	found = classify(s, &key, skb->mark);
 	if (found == NO_CLASS)

@@ -30,9 +30,6 @@
 #ifndef MAX_PREFIX_LENGTHS
 #error "MAX_PREFIX_LENGTHS comes from agent/abi.py"
 #endif
-#ifndef MAX_EXEMPT_PORTS
-#error "MAX_EXEMPT_PORTS comes from agent/abi.py"
-#endif
 /* What a policed packet gets: TC_ACT_STOLEN by default, TC_ACT_SHOT on
  * request.  SHOT returns NET_XMIT_DROP to the local TCP stack, which enters
  * CWR on every drop; STOLEN looks like a loss on the wire.  Measured in
@@ -107,7 +104,7 @@ struct mark_key {
 
 /* settings[0]: run-time knobs that are not per class.  Written by
  * agent/datapath.py (set_rules, set_sample_probability, the constructor).
- * With abi.py's 4 masks, 4 ports and 8 lengths there is no padding.
+ * With abi.py's 4 masks and 8 lengths there is no padding.
  * An update of an array value is a copy in place, not atomic: a packet may
  * read some slots before it and some after.  So mark masks and prefix
  * lengths keep their slot while they are in use (agent/classify.py): a slot
@@ -116,7 +113,9 @@ struct mark_key {
 struct settings {
 	__u64 sample_prob;                       /* out of PROB_ONE: chance that a new flow enters the flow table (FPS) */
 	__u32 mark_masks[MAX_MARK_MASKS];        /* tried in order; 0 = free slot */
-	__u16 exempt_ports[MAX_EXEMPT_PORTS];    /* UDP to or from them is never policed; 0 = none */
+	__u32 gossip_mark;                       /* the agent's own gossip: skb->mark == gossip_mark */
+	__u16 gossip_port;                       /*   and UDP from this port; 0 = nothing is exempt */
+	__u16 pad0;
 	__u8  dst_lengths[MAX_PREFIX_LENGTHS];   /* net_key prefixlens in dst_nets, any order; > 8 + 128 = free */
 	__u8  src_lengths[MAX_PREFIX_LENGTHS];   /* the same for src_nets */
 };

@@ -18,12 +18,30 @@ import sys
 import click
 from click.core import ParameterSource
 
+from agent.abi import GOSSIP_MARK
 from agent.allocators import names as allocator_names
 from agent.control import DEFAULT_SOCKET, ControlError, request
 from cli import configfile
 from cli.params import DURATION, PROBABILITY, QUOTA, RATE, SIZE
 
 DEFAULT_PORT = 7470
+
+
+class Mark(click.ParamType):
+    """A 32-bit packet mark, decimal or 0x hex, never 0."""
+    name = "mark"
+
+    def convert(self, value, param, ctx):
+        try:
+            mark = value if isinstance(value, int) else int(str(value), 0)
+        except ValueError:
+            self.fail(f"{value!r} is not a number (decimal or 0x hex)", param, ctx)
+        if not 0 < mark < 2**32:
+            self.fail(f"{value!r} is not in 0x1-0xffffffff", param, ctx)
+        return mark
+
+
+MARK = Mark()
 
 
 @click.group(context_settings={"auto_envvar_prefix": "DRL", "help_option_names": ["-h", "--help"]})
@@ -69,6 +87,9 @@ def main() -> None:
               help="lease: what a client enforces when it cannot renew.")
 @click.option("--state-dir", default="/var/lib/drl", show_default=True,
               help="Where allocators that must survive a restart keep their state (dqmp).")
+@click.option("--gossip-mark", type=MARK, default=f"{GOSSIP_MARK:#x}", show_default=True,
+              help="Socket mark of the gossip socket: only UDP from --listen's port with this mark skips the "
+                   "limiter. Pick one no firewall or ip rule on the host uses.")
 @click.pass_context
 def up(ctx: click.Context, config: str | None, **opts) -> None:
     """Attach the limiter to IFACE and run in the foreground until SIGTERM/SIGINT.

@@ -32,7 +32,9 @@ STATUS_KEYS = {
     "passed_packets", "dropped_bytes", "dropped_packets", "quota_bytes_left", "allocator_state",
     "gossip", "peers",
     # since classes: the default (or first) class's version and lost values, the lone-agent flag, every class
-    "limit_version", "gossip_lost", "standalone", "classes", "ticks"}
+    "limit_version", "gossip_lost", "standalone", "classes", "ticks",
+    # issue 19: whether our filter is still attached
+    "datapath"}
 # The issue's contract for each entry of "classes".
 CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "local_limit_bps", "demand_bps",
               "drop_probability", "passed_bytes", "dropped_bytes", "limit_version"}
@@ -52,6 +54,13 @@ class FakeDatapath:
 
     def attach(self):
         self.attached = True
+
+    def ensure_attached(self):
+        return False
+
+    @property
+    def attachment(self):
+        return {"state": "attached" if self.attached else "detached", "reattached": 0, "error": None}
 
     def close(self):
         self.closed = True
