@@ -102,3 +102,9 @@ def test_a_forbidden_import_is_named(tmp_path, path, source, expected):
     (tmp_path / path).write_text(source)
     found = violations(tmp_path)
     assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports tests/unit and tests/kernel by basename: a twin breaks collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -1,6 +1,6 @@
 """Classification at scale (agent/classify.py, bpf/limiter.c classify): h1 (10.0.0.1) -> h2 (10.0.0.2).
 
-Run: sudo .venv/bin/python -m pytest -q tests/kernel/test_classify.py
+Run: sudo .venv/bin/python -m pytest -q tests/kernel/test_datapath_classify.py
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ bytes, what the limit counts).
 """
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 
@@ -87,9 +89,12 @@ def test_two_classes_hold_their_limits_follow_a_live_set_and_survive_a_reload(ne
         assert within(rates["B"], 8e6, 0.10), rates
 
         conf.write_text(config({"B": ("4mbit", B_PORTS)}))        # A removed; B's file value unchanged
-        for a in agents:
+        for a in agents[:2]:
             reload = subprocess.run([drl_agent(), "reload", "--socket", a.socket], capture_output=True, text=True)
             assert reload.returncode == 0 and "removed A" in reload.stdout, reload.stdout + reload.stderr
+        os.kill(agents[2].proc.pid, signal.SIGHUP)                 # what systemd's ExecReload sends
+        st = agents[2].wait_for(lambda s: "A" not in by_class(s), 2.0)
+        assert "A" not in by_class(st) and "event=reloaded" in agents[2].log.read_text()
         rates = class_rates_bps(agents, "B", 10)
         a_unlimited = sum(by_class(a.status()).get("A") is None for a in agents)
         sink_bps = sink_rate_bps(sink, 5)

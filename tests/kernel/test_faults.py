@@ -1,0 +1,105 @@
+"""Never over the limit when an agent dies, hangs or restarts (real agents, TCP).
+
+Topology (lab/topology.py's star): agents on h1..h3 limit their eth0 egress
+to the sink h4, FPS, 30 Mbit/s, with 1, 3 and 6 TCP flows.  The sink's
+received L2 bytes are sampled every 100 ms; every 1-s window (sliding by
+100 ms) must stay within 105 % of the limit after each fault, and the limit
+must be used again (a window at >= 95 %) within 3 s of it.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from lab.agents import Cluster, write_key
+from lab.measure import rx_bytes
+from lab.topology import WAN_RTO_MIN, new_run, star
+from lab.traffic import iperf3_server, iperf3_start
+
+pytestmark = pytest.mark.kernel
+
+LIMIT_BPS = 30e6
+
+
+class SinkMeter:
+    """The sink's received bytes every 100 ms, on a thread of its own."""
+
+    def __init__(self, sink):
+        self.sink, self.samples = sink, []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "SinkMeter":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(0.1):
+            self.samples.append((time.monotonic(), rx_bytes(self.sink)))
+
+    def windows(self, start: float, end: float) -> list[float]:
+        """Bits/s of every 1-s window that starts within [start, end - 1]."""
+        s = [x for x in self.samples if start <= x[0] <= end]
+        out = []
+        for i, (t0, b0) in enumerate(s):
+            later = [(t, b) for t, b in s[i:] if t - t0 >= 1.0]
+            if later:
+                t1, b1 = later[0]
+                out.append((b1 - b0) * 8 / (t1 - t0))
+        return out
+
+
+def check(meter: SinkMeter, fault_at: float, what: str, settle_s: float = 6.0) -> dict:
+    """The worst 1-s window after the fault and how soon the limit was used again."""
+    time.sleep(max(0.0, fault_at + settle_s - time.monotonic()))
+    windows = meter.windows(fault_at, fault_at + settle_s)
+    worst = max(windows) / LIMIT_BPS
+    used = next((i * 0.1 for i, w in enumerate(windows) if w >= 0.95 * LIMIT_BPS), None)
+    assert worst <= 1.05, f"{what}: a 1-s window at {worst:.3f} of the limit"
+    assert used is not None and used <= 3.0, f"{what}: limit not used again within 3 s ({used})"
+    return {"worst": worst, "used_again_s": used}
+
+
+@pytest.fixture
+def net4(make_lab):
+    return make_lab(star(4, new_run("fa"), rto_min=WAN_RTO_MIN))
+
+
+@pytest.mark.slow
+def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(net4, tmp_path):
+    h1, h2, h3, sink = net4.hosts
+    limiters = (h1, h2, h3)
+    write_key(tmp_path / "cluster.key")
+    cluster = Cluster(net4, tmp_path, str(tmp_path / "cluster.key"))
+
+    def start(h):
+        return cluster.start(h, [p for p in limiters if p is not h], "fps", "30mbit")
+
+    agents = {h.name: start(h) for h in limiters}
+    servers = [iperf3_server(sink) for _ in limiters]
+    try:
+        clients = [iperf3_start(h, srv, seconds=45, streams=n) for h, srv, n in zip(limiters, servers, (1, 3, 6))]
+        with SinkMeter(sink) as meter:
+            time.sleep(8)
+            agents["h3"].kill(signal.SIGKILL)                  # the most flows, the largest share
+            killed = check(meter, time.monotonic(), "kill")
+            agents["h3"] = start(h3)
+            restarted = check(meter, time.monotonic(), "restart")
+            stopped_at = time.monotonic()
+            agents["h2"].proc.send_signal(signal.SIGSTOP)
+            stopped = check(meter, stopped_at, "stop")
+            agents["h2"].proc.send_signal(signal.SIGCONT)
+            cont = check(meter, time.monotonic(), "cont")
+        for c in clients:
+            c.wait()
+    finally:
+        for s in servers:
+            s.__exit__()
+    print("faults:", killed, restarted, stopped, cont)
