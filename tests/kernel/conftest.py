@@ -2,7 +2,8 @@
 topology (lab/topology.py's ``pair``/``star``) under a run prefix of its own.
 
 ``make_lab(topology)`` builds any topology; ``net`` is a fresh pair (h1 10.0.0.1
-<-> h2 10.0.0.2).  Both skip with a reason when this machine cannot run kernel
+<-> h2 10.0.0.2), ``make_star(n)`` and ``net3`` stars; ``cluster(lab)`` and
+``agents`` (on net3) start real agents.  Both skip with a reason when this machine cannot run kernel
 tests, and every Lab removes its namespaces and processes afterwards, even
 when the test fails.
 """
@@ -12,9 +13,10 @@ import contextlib
 
 import pytest
 
+from lab.agents import Cluster, write_key
 from lab.netns import Lab
 from lab.preflight import skip_reason
-from lab.topology import new_run, pair
+from lab.topology import WAN_RTO_MIN, new_run, pair, star
 from lab.traffic import iperf3_server
 
 
@@ -31,6 +33,31 @@ def make_lab():
 @pytest.fixture
 def net(make_lab):
     return make_lab(pair(new_run("dp")))
+
+
+@pytest.fixture
+def make_star(make_lab):
+    """Factory: a star of n hosts on one bridge (h1 10.0.0.1 ...) with TCP's WAN RTO floor
+    (lab/topology.py WAN_RTO_MIN: agent tests divide limits among TCP flows)."""
+    return lambda n_hosts: make_lab(star(n_hosts, new_run("st"), rto_min=WAN_RTO_MIN))
+
+
+@pytest.fixture
+def net3(make_star):
+    return make_star(3)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Factory: a lab.agents.Cluster on a Lab, its agents sharing a fresh key in tmp_path."""
+    write_key(tmp_path / "cluster.key")
+    return lambda lab: Cluster(lab, tmp_path, str(tmp_path / "cluster.key"))
+
+
+@pytest.fixture
+def agents(net3, cluster):
+    """Agents on net3's hosts."""
+    return cluster(net3)
 
 
 @pytest.fixture

@@ -15,24 +15,12 @@ import time
 import pytest
 
 from agent.fairness import jain
-from lab.agents import GOSSIP_PORT as PORT, Cluster, write_key
+from lab.agents import GOSSIP_PORT as PORT
 from lab.measure import sink_rate_bps, tc_show, three_to_seven
 from lab.metrics import within
-from lab.topology import WAN_RTO_MIN, new_run, star
 from lab.traffic import iperf3, iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
-
-
-@pytest.fixture
-def net3(make_lab):
-    return make_lab(star(3, new_run("ag"), rto_min=WAN_RTO_MIN))
-
-
-@pytest.fixture
-def agents(net3, tmp_path):
-    write_key(tmp_path / "cluster.key")
-    return Cluster(net3, tmp_path, str(tmp_path / "cluster.key"))
 
 
 def pair(agents, net, allocator, global_, *extra):

@@ -15,10 +15,9 @@ import time
 
 import pytest
 
-from lab.agents import READY_TIMEOUT_S, Agent, Cluster, drl_agent, installed, write_key
+from lab.agents import READY_TIMEOUT_S, Agent, drl_agent, installed
 from lab.measure import sink_rate_bps, tc_show
 from lab.metrics import within
-from lab.topology import WAN_RTO_MIN, new_run, star
 from lab.traffic import iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
@@ -51,20 +50,15 @@ def class_rates_bps(agents, names, seconds: float) -> dict[str, float]:
     return {n: (after[n] - before[n]) * 8 / (time.monotonic() - t0) for n in names}
 
 
-@pytest.fixture
-def net4(make_lab):
-    return make_lab(star(4, new_run("cl"), rto_min=WAN_RTO_MIN))
-
-
 @pytest.mark.slow
-def test_two_classes_hold_their_limits_follow_a_live_set_and_survive_a_reload(net4, tmp_path):
+def test_two_classes_hold_their_limits_follow_a_live_set_and_survive_a_reload(make_star, cluster, tmp_path):
+    net4 = make_star(4)
     h1, h2, h3, sink = net4.hosts
     senders = (h1, h2, h3)
-    write_key(tmp_path / "cluster.key")
-    cluster = Cluster(net4, tmp_path, str(tmp_path / "cluster.key"))
+    agents_on = cluster(net4)
     conf = tmp_path / "drl.toml"
     conf.write_text(config({"A": ("8mbit", A_PORTS), "B": ("4mbit", B_PORTS)}))
-    agents = [cluster.start(h, [p for p in senders if p is not h], None, None, "--config", str(conf))
+    agents = [agents_on.start(h, [p for p in senders if p is not h], None, None, "--config", str(conf))
               for h in senders]
     servers = [iperf3_server(sink, port) for port in A_PORTS + B_PORTS]
     try:

@@ -18,24 +18,12 @@ import pytest
 from agent.config import class_key
 from agent.daemon import CLUSTER
 from agent.wire import Batch, ClassValue, Header, LimitNote, Message, encode, load_key
-from lab.agents import GOSSIP_PORT as PORT, Cluster, write_key
-from lab.topology import new_run, star
+from lab.agents import GOSSIP_PORT as PORT
 
 pytestmark = pytest.mark.kernel
 
 INTERVAL_S = 0.1
 TIMEOUT_S = 3 * INTERVAL_S       # membership.liveness_timeout: full mesh, 3 missed intervals
-
-
-@pytest.fixture
-def net3(make_lab):
-    return make_lab(star(3, new_run("id")))
-
-
-@pytest.fixture
-def agents(net3, tmp_path):
-    write_key(tmp_path / "cluster.key")
-    return Cluster(net3, tmp_path, str(tmp_path / "cluster.key"))
 
 
 def keyed(key: bytes, node: str, incarnation: int, seq: int, value_Bps: float,

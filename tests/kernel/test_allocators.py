@@ -14,24 +14,17 @@ import pytest
 from lab.agents import Cluster
 from lab.measure import rx_bytes, sink_rate_bps
 from lab.metrics import within
-from lab.topology import WAN_RTO_MIN, new_run, star
 from lab.traffic import iperf3_server, iperf3_start, udp_blast
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
-
-
-@pytest.fixture
-def make_net(make_lab):
-    """Factory: a star of n hosts (lab/topology.py) with TCP's WAN RTO floor."""
-    return lambda n_hosts: make_lab(star(n_hosts, new_run("al"), rto_min=WAN_RTO_MIN))
 
 
 def start_all(agents, limiters, allocator, global_, *extra):
     return [agents.start(h, [p for p in limiters if p is not h], allocator, global_, *extra) for h in limiters]
 
 
-def test_fps_newcomer_flow_at_an_unused_limiter_gets_its_share_within_3s(make_net, tmp_path):
-    net = make_net(4)
+def test_fps_newcomer_flow_at_an_unused_limiter_gets_its_share_within_3s(make_star, tmp_path):
+    net = make_star(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
     agents = Cluster(net, tmp_path)
     running = start_all(agents, limiters, "fps", "12mbit", "--interval", "50ms")
@@ -49,8 +42,8 @@ def test_fps_newcomer_flow_at_an_unused_limiter_gets_its_share_within_3s(make_ne
         c.wait()
 
 
-def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_net, tmp_path):
-    net = make_net(4)
+def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_star, tmp_path):
+    net = make_star(4)
     h1, h2, sink1, sink2 = net.hosts
     agents = Cluster(net, tmp_path)
     a1, a2 = start_all(agents, [h1, h2], "fps", "10mbit", "--interval", "50ms")
@@ -72,8 +65,8 @@ def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_net, tmp
 
 
 @pytest.mark.parametrize("allocator", ["gdrl", "fillratio"])
-def test_diffusion_holds_the_limit_and_shifts_capacity_to_the_loaded_limiter(make_net, tmp_path, allocator):
-    net = make_net(4)
+def test_diffusion_holds_the_limit_and_shifts_capacity_to_the_loaded_limiter(make_star, tmp_path, allocator):
+    net = make_star(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
     agents = Cluster(net, tmp_path)
     running = start_all(agents, limiters, allocator, "12mbit")
@@ -90,8 +83,8 @@ def test_diffusion_holds_the_limit_and_shifts_capacity_to_the_loaded_limiter(mak
     assert limits[0] >= 0.6 * 12e6, limits                    # from 1/3 towards the load
 
 
-def test_dqmp_stops_the_class_when_the_volume_quota_is_used_up(make_net, tmp_path):
-    net = make_net(3)
+def test_dqmp_stops_the_class_when_the_volume_quota_is_used_up(make_star, tmp_path):
+    net = make_star(3)
     h1, h2, sink = net.hosts
     agents = Cluster(net, tmp_path)
     quota = 30_000_000
@@ -116,8 +109,8 @@ def test_dqmp_stops_the_class_when_the_volume_quota_is_used_up(make_net, tmp_pat
 
 
 @pytest.mark.parametrize("mode, expected_bps", [("pessimistic", 0.0), ("optimistic", 3e6), ("safe", 4e6)])
-def test_lease_clients_apply_their_loss_mode_when_the_server_dies(make_net, tmp_path, mode, expected_bps):
-    net = make_net(4)
+def test_lease_clients_apply_their_loss_mode_when_the_server_dies(make_star, tmp_path, mode, expected_bps):
+    net = make_star(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
     agents = Cluster(net, tmp_path)
     server, *clients = start_all(agents, limiters, "lease", "12mbit", "--on-lease-loss", mode)

@@ -14,9 +14,7 @@ import time
 
 import pytest
 
-from lab.agents import Cluster, write_key
 from lab.measure import rx_bytes
-from lab.topology import WAN_RTO_MIN, new_run, star
 from lab.traffic import iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
@@ -67,20 +65,15 @@ def check(meter: SinkMeter, fault_at: float, what: str, settle_s: float = 6.0) -
     return {"worst": worst, "used_again_s": used}
 
 
-@pytest.fixture
-def net4(make_lab):
-    return make_lab(star(4, new_run("fa"), rto_min=WAN_RTO_MIN))
-
-
 @pytest.mark.slow
-def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(net4, tmp_path):
+def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(make_star, cluster, tmp_path):
+    net4 = make_star(4)
     h1, h2, h3, sink = net4.hosts
     limiters = (h1, h2, h3)
-    write_key(tmp_path / "cluster.key")
-    cluster = Cluster(net4, tmp_path, str(tmp_path / "cluster.key"))
+    agents_on = cluster(net4)
 
     def start(h):
-        return cluster.start(h, [p for p in limiters if p is not h], "fps", "30mbit")
+        return agents_on.start(h, [p for p in limiters if p is not h], "fps", "30mbit")
 
     agents = {h.name: start(h) for h in limiters}
     servers = [iperf3_server(sink) for _ in limiters]

@@ -16,10 +16,9 @@ import pytest
 from agent import abi
 from agent.classes import parse_class
 from agent.model import Mode
-from lab.agents import GOSSIP_PORT as PORT, Cluster, up_argv, drl_agent, write_key
+from lab.agents import GOSSIP_PORT as PORT, up_argv, drl_agent
 from lab.measure import sink_rate_bps, tc_show
 from lab.metrics import within
-from lab.topology import new_run, star
 
 pytestmark = pytest.mark.kernel
 
@@ -154,17 +153,6 @@ def test_a_second_exclusive_datapath_on_the_interface_is_refused(net, datapath):
 
 
 # -- real agents ------------------------------------------------------------------------------
-
-@pytest.fixture
-def net3(make_lab):
-    return make_lab(star(3, new_run("tk")))
-
-
-@pytest.fixture
-def agents(net3, tmp_path):
-    write_key(tmp_path / "cluster.key")
-    return Cluster(net3, tmp_path, str(tmp_path / "cluster.key"))
-
 
 def test_udp_on_the_gossip_port_is_policed_while_gossip_flows(net3, agents):
     """Issue 19: 20 Mbit/s of UDP to port 7470 went out unpoliced.  Now 10 Mbit/s to the

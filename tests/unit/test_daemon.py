@@ -14,7 +14,6 @@ from agent.daemon import CLUSTER, Agent
 from agent.datapath import Counters, FlowKey, FlowSample, now_ns
 from agent.gossip import GossipCore, Outgoing, PeerList
 from agent.model import Mode
-from agent.units import to_bps
 from agent.wire import decode
 from cli.agent import up
 
@@ -267,7 +266,7 @@ def test_dqmp_state_file_is_written_every_tick_and_restored(tmp_path):
 # -- many classes: reload, live limits, a lone agent ------------------------------------------
 
 from agent.limits import Limit                      # noqa: E402
-from agent.wire import Batch, ClassValue, LimitNote  # noqa: E402
+from agent.wire import LimitNote  # noqa: E402
 from cli.agent import load_config                    # noqa: E402
 
 TWO = """\
