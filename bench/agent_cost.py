@@ -61,8 +61,7 @@ def measure(classes: int, interval: str, peers: int, seconds: float) -> dict:
         write_key(key)
         conf.write_text(config(classes, interval))
         agents = Cluster(net, Path(tmp), str(key))
-        running = [agents.start(h, [p for p in limiters if p is not h], None, None, "--config", str(conf))
-                   for h in limiters]
+        running = agents.start_mesh(limiters, None, None, "--config", str(conf))
         me, here = running[0], limiters[0]
         here.run("ip", "route", "add", "10.1.0.0/16", "via", sink.addr4)
         here.popen(sys.executable, "-c", _SWEEP, str(classes), "0.05")

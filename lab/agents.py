@@ -172,6 +172,11 @@ class Cluster:
         agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
         return agent
 
+    def start_mesh(self, hosts: Sequence[Host], allocator: str | None = "fps", global_: str | None = "10mbit",
+                   *extra: str) -> list[Agent]:
+        """An agent on each of ``hosts``, every other one its peer."""
+        return [self.start(h, [p for p in hosts if p is not h], allocator, global_, *extra) for h in hosts]
+
 
 class StatusPoller:
     """Samples every agent's status JSON every ``period_s`` on its own thread (a status reply

@@ -48,6 +48,11 @@ def net3(make_star):
 
 
 @pytest.fixture
+def net4(make_star):
+    return make_star(4)
+
+
+@pytest.fixture
 def cluster(tmp_path):
     """Factory: a lab.agents.Cluster on a Lab, its agents sharing a fresh key in tmp_path."""
     write_key(tmp_path / "cluster.key")

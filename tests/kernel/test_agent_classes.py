@@ -51,15 +51,12 @@ def class_rates_bps(agents, names, seconds: float) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_two_classes_hold_their_limits_follow_a_live_set_and_survive_a_reload(make_star, cluster, tmp_path):
-    net4 = make_star(4)
+def test_two_classes_hold_their_limits_follow_a_live_set_and_survive_a_reload(net4, cluster, tmp_path):
     h1, h2, h3, sink = net4.hosts
     senders = (h1, h2, h3)
-    agents_on = cluster(net4)
     conf = tmp_path / "drl.toml"
     conf.write_text(config({"A": ("8mbit", A_PORTS), "B": ("4mbit", B_PORTS)}))
-    agents = [agents_on.start(h, [p for p in senders if p is not h], None, None, "--config", str(conf))
-              for h in senders]
+    agents = cluster(net4).start_mesh(senders, None, None, "--config", str(conf))
     servers = [iperf3_server(sink, port) for port in A_PORTS + B_PORTS]
     try:
         # A's senders ask 5 Mbit/s each (15 for an 8 Mbit/s class), so that A unlimited

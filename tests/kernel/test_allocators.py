@@ -19,15 +19,11 @@ from lab.traffic import iperf3_server, iperf3_start, udp_blast
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 
-def start_all(agents, limiters, allocator, global_, *extra):
-    return [agents.start(h, [p for p in limiters if p is not h], allocator, global_, *extra) for h in limiters]
-
-
 def test_fps_newcomer_flow_at_an_unused_limiter_gets_its_share_within_3s(make_star, tmp_path):
     net = make_star(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
     agents = Cluster(net, tmp_path)
-    running = start_all(agents, limiters, "fps", "12mbit", "--interval", "50ms")
+    running = agents.start_mesh(limiters, "fps", "12mbit", "--interval", "50ms")
     clients = []
     for k, (host, agent) in enumerate(zip(limiters, running), 1):
         srv = iperf3_server(sink)
@@ -46,7 +42,7 @@ def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_star, tm
     net = make_star(4)
     h1, h2, sink1, sink2 = net.hosts
     agents = Cluster(net, tmp_path)
-    a1, a2 = start_all(agents, [h1, h2], "fps", "10mbit", "--interval", "50ms")
+    a1, a2 = agents.start_mesh([h1, h2], "fps", "10mbit", "--interval", "50ms")
     with iperf3_server(sink1) as s1, iperf3_server(sink2) as s2:
         c1 = iperf3_start(h1, s1, seconds=20, streams=5)
         c2 = iperf3_start(h2, s2, seconds=20, streams=5)
@@ -69,7 +65,7 @@ def test_diffusion_holds_the_limit_and_shifts_capacity_to_the_loaded_limiter(mak
     net = make_star(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
     agents = Cluster(net, tmp_path)
-    running = start_all(agents, limiters, allocator, "12mbit")
+    running = agents.start_mesh(limiters, allocator, "12mbit")
     with iperf3_server(sink) as srv:
         client = iperf3_start(limiters[0], srv, seconds=22, streams=4)
         time.sleep(10)                    # diffusion: a few rounds of pairwise transfers
@@ -88,7 +84,7 @@ def test_dqmp_stops_the_class_when_the_volume_quota_is_used_up(make_star, tmp_pa
     h1, h2, sink = net.hosts
     agents = Cluster(net, tmp_path)
     quota = 30_000_000
-    running = start_all(agents, [h1, h2], "dqmp", "1gbit", "--quota", f"{quota}B/1d")
+    running = agents.start_mesh([h1, h2], "dqmp", "1gbit", "--quota", f"{quota}B/1d")
     before = rx_bytes(sink)
     blasts = [udp_blast(h, sink.addr4, 25e6, 9) for h in (h1, h2)]   # 50 Mbit/s asked: 30 MB last 5 s
     for b in blasts:
@@ -113,7 +109,7 @@ def test_lease_clients_apply_their_loss_mode_when_the_server_dies(make_star, tmp
     net = make_star(4)
     limiters, sink = net.hosts[:3], net.hosts[3]
     agents = Cluster(net, tmp_path)
-    server, *clients = start_all(agents, limiters, "lease", "12mbit", "--on-lease-loss", mode)
+    server, *clients = agents.start_mesh(limiters, "lease", "12mbit", "--on-lease-loss", mode)
     with iperf3_server(sink) as s1, iperf3_server(sink) as s2:
         loads = [iperf3_start(h, s, seconds=16, udp_bps=2.8e6, length=1200)
                  for h, s in zip(limiters[1:], (s1, s2))]

@@ -66,16 +66,11 @@ def check(meter: SinkMeter, fault_at: float, what: str, settle_s: float = 6.0) -
 
 
 @pytest.mark.slow
-def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(make_star, cluster, tmp_path):
-    net4 = make_star(4)
+def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(net4, cluster):
     h1, h2, h3, sink = net4.hosts
     limiters = (h1, h2, h3)
     agents_on = cluster(net4)
-
-    def start(h):
-        return agents_on.start(h, [p for p in limiters if p is not h], "fps", "30mbit")
-
-    agents = {h.name: start(h) for h in limiters}
+    agents = {a.host: a for a in agents_on.start_mesh(limiters, "fps", "30mbit")}
     servers = [iperf3_server(sink) for _ in limiters]
     try:
         clients = [iperf3_start(h, srv, seconds=45, streams=n) for h, srv, n in zip(limiters, servers, (1, 3, 6))]
@@ -83,7 +78,7 @@ def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(make_sta
             time.sleep(8)
             agents["h3"].kill(signal.SIGKILL)                  # the most flows, the largest share
             killed = check(meter, time.monotonic(), "kill")
-            agents["h3"] = start(h3)
+            agents["h3"] = agents_on.start(h3, [h1, h2], "fps", "30mbit")
             restarted = check(meter, time.monotonic(), "restart")
             stopped_at = time.monotonic()
             agents["h2"].proc.send_signal(signal.SIGSTOP)

@@ -161,3 +161,14 @@ def test_faults_are_applied_and_removed(tmp_path):
     assert run not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"drl_{run}" not in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert subprocess.run(["pgrep", "-f", f"/run/drl-lab/{run}/"], capture_output=True).returncode == 1
+
+
+def test_the_shipped_faults_experiment_passes_its_own_checks(tmp_path):
+    """`drl-lab run faults` as shipped: kill, restart, stop, cont, gossip loss, partition,
+    heal; it exits 0 only when every fault's worst 1-s window is <= 105 % of the limit
+    and the limit is used again within 3 s."""
+    run = subprocess.run([*DRL_LAB, "run", "faults", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    checks = json.loads((tmp_path / "result.json").read_text())["checks"]
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert checks and all(c["result"] in ("pass", "skipped") for c in checks), checks
