@@ -39,7 +39,7 @@ Design (000_efbf5459a9d12355.txt §3.1, §4.2):
   authenticated datagram and then bound the same way until the address has
   been silent for ``timeout_s`` (the liveness timeout), so a replaced host can
   rejoin.  Anything else is ``wrong_sender``.
-* Incarnations (:class:`_Lives`): a higher incarnation is a restart, but one that
+* Incarnations (:class:`~agent.lives.Lives`): a higher incarnation is a restart, but one that
   falls silent for ``timeout_s`` no longer shouts down the lower one still
   speaking, so a forged (or clock-skewed) jump cannot lock the real peer out.
 
@@ -57,8 +57,8 @@ from dataclasses import dataclass
 from typing import Hashable, Mapping, Sequence
 
 from .model import Envelope
-from .wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, Payload, Reason, SeqWindow,
-                   decode, encode, pack)
+from .lives import Lives
+from .wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, Payload, Reason, decode, encode, pack)
 
 Addr = Hashable
 
@@ -66,7 +66,6 @@ CLASS_SEQS = 16383      # a class's per-link sequence numbers run 1..16383 and w
 REPEATS = 3             # a quiet class's unchanged value goes to every peer this many times, then rests
 REFRESH_ROUNDS = 100    # ... and once more every this many rounds, in case every repeat was lost
 ANNOUNCE_ROUNDS = 3     # a limit changed here goes to every peer in this many rounds
-MAX_LIVES = 4           # incarnations remembered per sender, each with its replay window
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,79 +94,6 @@ class _Said:
 
     def __init__(self, said: Outgoing, changed: int) -> None:
         self.said, self.changed = said, changed
-
-
-class _Life:
-    """One incarnation of a sender: its replay window, and when a fresh datagram of it last came."""
-    __slots__ = ("window", "heard")
-
-    def __init__(self, now: float) -> None:
-        self.window, self.heard = SeqWindow(), now
-
-
-class _Lives:
-    """A sender's incarnations ("lives"), each with its own :class:`SeqWindow`.
-
-    A restarted agent comes back with a higher incarnation (wall-clock ms), so a
-    lower one is a previous life: ``old_incarnation`` while a higher life is heard.
-    But a higher incarnation is only a claim: one datagram of a key holder (or a
-    clock that jumped) would otherwise lock the real life out for good.  So a
-    higher life *shouts down* a lower one only while it has been heard within
-    ``timeout_s`` (the liveness timeout: after that it is as dead as a silent
-    peer), and the lower life is accepted again at most ``timeout_s`` after the
-    higher one went quiet.  Keeping both lives is what keeps this simple.
-
-    Replays stay impossible: every datagram, accepted or shouted down, passes the
-    window of its own (sender, incarnation) first, and a window is never reset
-    while its life is remembered; so a datagram is accepted at most once, shouted
-    down or not.  A fresh datagram of a shouted-down life still counts as "heard",
-    so the real peer's life is never the one forgotten while it speaks.
-
-    At most MAX_LIVES lives are remembered (a restart makes one, so old ones must
-    go); room is made by forgetting the lowest silent life.  It raises ``floor``
-    (an unknown incarnation at or below it is old, since its window may be the one
-    forgotten) only when no life still speaking is below it: a floor above the
-    real peer's running life would refuse its next restart for good, and only a
-    key holder makes lives above the real one (the real lives, older, go first).
-    With every life heard within the timeout a new one is refused: only a key
-    holder keeps MAX_LIVES speaking, and room comes back once one falls silent.
-    """
-    __slots__ = ("lives", "floor", "current")
-
-    def __init__(self) -> None:
-        self.lives: dict[int, _Life] = {}
-        self.floor = 0                       # incarnations <= floor not remembered are old
-        self.current: int | None = None      # the incarnation last accepted (a change is a restart)
-
-    def accept(self, incarnation: int, seq: int, now: float, timeout_s: float) -> int | Reason:
-        """SeqWindow.accept's gap for a datagram of the current life, else why not."""
-        life = self.lives.get(incarnation)
-        if life is None:
-            if incarnation <= self.floor or (len(self.lives) >= MAX_LIVES and not self._forget(now, timeout_s)) \
-                    or incarnation <= self.floor:
-                return Reason.OLD_INCARNATION
-            life = self.lives[incarnation] = _Life(now)
-        shouted_down = any(inc > incarnation and now - other.heard <= timeout_s
-                           for inc, other in self.lives.items())
-        gap = life.window.accept(seq)
-        if gap is not None:
-            life.heard = max(life.heard, now)
-        if shouted_down:
-            return Reason.OLD_INCARNATION
-        if gap is None:
-            return Reason.REPLAYED
-        self.current = incarnation
-        return gap
-
-    def _forget(self, now: float, timeout_s: float) -> bool:
-        silent = [inc for inc, life in self.lives.items() if now - life.heard > timeout_s]
-        if not silent:
-            return False
-        victim = min(silent)
-        if len(silent) == len(self.lives) or victim < min(set(self.lives) - set(silent)):
-            self.floor = max(self.floor, victim)
-        del self.lives[victim]
-        return True
 
 
 def new_incarnation() -> int:
@@ -286,7 +212,7 @@ class GossipCore:
     ID@HOST:PORT``): only that id may speak from that address, and from no
     other.  ``timeout_s`` is the liveness timeout: how long a learned (unnamed)
     id stays bound to its address after its last datagram, and how long a silent
-    higher incarnation keeps shouting down a lower one (:class:`_Lives`); the
+    higher incarnation keeps shouting down a lower one (:class:`~agent.lives.Lives`); the
     default (never) is for tests, the daemon passes ``--peer-timeout``.
 
     ``peers`` is kept as given, not copied: anything with ``len``, indexing and a
@@ -309,7 +235,7 @@ class GossipCore:
         self.timeout_s = timeout_s
         self._names = {addr: node for addr, node in (names or {}).items() if addr in peers}
         self._homes = {node: addr for addr, node in self._names.items()}   # named id -> its address
-        self._lives: dict[str, _Lives] = {}                      # per sender node id
+        self._lives: dict[str, Lives] = {}                      # per sender node id
         self._addr_of: dict[str, Addr] = dict(self._homes)       # named or learned: node id -> address
         self._node_at: dict[Addr, str] = dict(self._names)       # named or learned: address -> node id
         self._heard: dict[Addr, float] = {}                      # last datagram accepted, per address
@@ -432,7 +358,7 @@ class GossipCore:
             return self.reject(Reason.WRONG_SENDER)
         lives = self._lives.get(h.node)
         if lives is None:
-            lives = self._lives[h.node] = _Lives()
+            lives = self._lives[h.node] = Lives()
         before = lives.current
         gap = lives.accept(h.incarnation, h.seq, now, self.timeout_s)
         if isinstance(gap, Reason):

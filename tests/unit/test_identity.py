@@ -1,4 +1,4 @@
-"""Peer identity in the gossip core (agent/gossip.py "Identity", ``_Lives``) and membership:
+"""Peer identity in the gossip core (agent/gossip.py "Identity", agent/lives.py) and membership:
 a node id is bound to its source address, and an incarnation that jumps cannot lock
 the real peer out.  The forger here holds the cluster key (so the MAC passes) and
 sends from a configured peer's address; nothing it says under another id may count.
@@ -11,7 +11,8 @@ import random
 
 import pytest
 
-from agent.gossip import MAX_LIVES, GossipCore, Outgoing
+from agent.gossip import GossipCore, Outgoing
+from agent.lives import MAX_LIVES
 from agent.membership import Membership
 from agent.model import Envelope, Transfer
 from agent.wire import LimitNote
