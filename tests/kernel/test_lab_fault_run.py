@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.netns import leftover_runs
+from lab.netns import leftover_runs, poll
 from lab.preflight import skip_reason
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -84,6 +84,11 @@ action = "heal"
 """
 
 
+def is_agent(pid: int, node: bytes) -> bool:
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return any(b"drl-agent" in a for a in cmdline) and node in cmdline
+
+
 def nft_tables(ns: str) -> str:
     return subprocess.run(["ip", "netns", "exec", ns, "nft", "list", "tables"], capture_output=True, text=True).stdout
 
@@ -116,8 +121,8 @@ def test_faults_are_applied_and_removed(tmp_path):
             elif what.startswith("restart l2"):
                 pid = int(what.split("pid ")[1].rstrip(")"))
                 seen["restarted"] = pid
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                assert any(b"drl-agent" in a for a in cmdline) and b"l2" in cmdline
+                # `ip netns exec` execs the agent a moment after the lab reports the restart
+                assert poll(lambda: is_agent(pid, b"l2"), 5.0), Path(f"/proc/{pid}/cmdline").read_bytes()
             elif what.startswith("loss 30% gossip"):
                 rules = nft_table(f"{run}-ctl", "bridge", table)
                 assert "udp dport 7470 numgen random mod 100 < 30" in rules, rules
