@@ -44,7 +44,7 @@ from agent.classify import ClassifyError
 from agent.config import Config, ConfigError
 from agent.control import ControlError, ControlServer
 from agent.datapath import Counters, Datapath, DatapathError, now_ns
-from agent.gossip import Outgoing, Received, new_incarnation
+from agent.gossip import Outgoing, Received, cycle_rounds, new_incarnation
 from agent.limits import Limit, LimitBook, LimitBookError
 from agent.membership import Membership
 from agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
@@ -130,9 +130,9 @@ class Agent:
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
         # a peer's last config write is at most two gossip cycles (and a tick) after the last
         # datagram we had from it: the slack of the stale rule (Membership.may_still_pass)
-        cycles = -(-len(cfg.peers) // cfg.branching) if cfg.peers else 1
+        slack_s = (2 * cycle_rounds(len(cfg.peers), cfg.branching) + 1) * cfg.interval_s
         self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names,
-                                  failsafe_s=cfg.failsafe_s, slack_s=(2 * cycles + 1) * cfg.interval_s)
+                                  failsafe_s=cfg.failsafe_s, slack_s=slack_s)
         self.book = LimitBook(Path(cfg.state_dir) / f"limits-{cfg.node_id}.json")
         self.dp = datapath(cfg, self.transport.address[1] if self.transport.address else None)
         self._stack.callback(self.dp.close)

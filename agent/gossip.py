@@ -78,6 +78,11 @@ class Outgoing:
     local_Bps: float = 0.0
 
 
+def cycle_rounds(n_peers: int, branching: int) -> int:
+    """Rounds in which every peer is a target once: ceil(n_peers / branching), at least 1."""
+    return max(1, -(-n_peers // max(1, branching)))
+
+
 def class_seq_gap(new: int, old: int) -> int | None:
     """How many of a class's values were lost between ``old`` and ``new`` (serial-number
     arithmetic, RFC 1982: 1..CLASS_SEQS wrap), or None when ``new`` is not newer; ``old`` 0
@@ -290,7 +295,7 @@ class GossipCore:
         quiet one for as many rounds after its last change as it takes every peer to hear
         it REPEATS times, then for one cycle every REFRESH_ROUNDS rounds (in case every
         repeat was lost).  Decided once per round, not per peer: thousands of classes."""
-        cycle = -(-len(self.peers) // self.branching) if self.peers else 1
+        cycle = cycle_rounds(len(self.peers), self.branching)
         now, out = self._round, []
         said = self._said
         for key, o in classes.items():

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 from .model import PeerState, PeerView
-from .gossip import Addr, Received, class_seq_gap
+from .gossip import Addr, Received, class_seq_gap, cycle_rounds
 from .peers import format_addr
 from .wire import Batch
 
@@ -45,7 +45,7 @@ def liveness_timeout(interval_s: float, n_peers: int, branching: int, misses: in
     """Silence after which a peer is stale: ``misses`` gossip cycles of ceil(n_peers/branching)
     intervals.  A peer reaches us at least once per 2 cycles (gossip.py shuffled round
     robin), so the default survives a lost update; a full mesh times out after 3 intervals."""
-    return interval_s * misses * max(1, math.ceil(n_peers / max(1, branching)))
+    return interval_s * misses * cycle_rounds(n_peers, branching)
 
 
 @dataclass
