@@ -321,25 +321,28 @@ class Agent:
         cfg = self.cfg
         local = run.estimator.update(now, counters, flows, kernel_now)
         limit = self.book.get(run.name)
-        view = self.members.view(run.conf.key, now, self._safe_rate(run, limit))
+        safe_Bps = self._safe_rate(run, limit)
+        view = self.members.view(run.conf.key, now, safe_Bps)
         snap = Snapshot(now=now, node_id=cfg.node_id, interval_s=cfg.interval_s, global_Bps=limit.global_Bps,
                         local=local, view=view, inbox=tuple(run.inbox))
         run.inbox = []
         step = run.conf.allocator.step(run.state, snap)
         run.state = step.state
-        self._enforce(run, step.decision, limit)
+        self._enforce(run, step.decision, safe_Bps)
         if run.statefile:
             run.statefile.save(run.state)   # before the outbox: a restored node sent nothing it forgot
         for env in step.outbox:
             self.transport.send(env, run.conf.key, now)
         run.last = (snap, step, counters)
         d = step.decision
-        may_pass = max(_local_limit(d, local), SLOW_START_Bps) if d.mode == Mode.BUCKET else _local_limit(d, local)
+        may_pass = _local_limit(d, local)
+        if d.mode == Mode.BUCKET:       # a bucket never refills slower than the slow-start floor
+            may_pass = max(may_pass, SLOW_START_Bps)
         return Outgoing(d.publish, limit.version, active=local.demand_Bps > 0, local_Bps=may_pass)
 
-    def _enforce(self, run: ClassRun, d: Decision, limit: Limit) -> None:
+    def _enforce(self, run: ClassRun, d: Decision, safe_Bps: float) -> None:
         self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=run.conf.burst_bytes,
-                          drop_probability=d.drop_probability, safe_rate_Bps=self._safe_rate(run, limit),
+                          drop_probability=d.drop_probability, safe_rate_Bps=safe_Bps,
                           timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes)
 
     def _safe_rate(self, run: ClassRun, limit: Limit) -> float:
