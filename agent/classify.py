@@ -37,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from agent import abi
-from agent.classes import ClassRule, Network
+from drl.agent import abi
+from drl.agent.classes import ClassRule, Network
 
 Entry = tuple[tuple[ClassRule, int], ...]   # (rule, class_id), in the order they are tried
 Prefix = Network | None                     # None: any address of either family

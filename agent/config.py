@@ -15,14 +15,14 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from agent import abi
-from agent.allocators import allocator_class, create
-from agent.allocators.common import ParameterError
-from agent.classes import ClassRule, ClassSpecError, parse_classes
-from agent.membership import liveness_timeout
-from agent.model import Allocator
-from agent.peers import AddressError, HostPort, Peer, parse_hostport, parse_peers
-from agent.wire import KeyFileError, load_key
+from drl.agent import abi
+from drl.agent.allocators import allocator_class, create
+from drl.agent.allocators.common import ParameterError
+from drl.agent.classes import ClassRule, ClassSpecError, parse_classes
+from drl.agent.membership import liveness_timeout
+from drl.agent.model import Allocator
+from drl.agent.peers import AddressError, HostPort, Peer, parse_hostport, parse_peers
+from drl.agent.wire import KeyFileError, load_key
 
 # The kernel falls back to the safe rate when the agent has not written a
 # class for this long: long enough that a slow tick never trips it, short

@@ -40,18 +40,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from agent.classify import ClassifyError
-from agent.config import Config, ConfigError
-from agent.control import ControlError, ControlServer
-from agent.datapath import Counters, Datapath, DatapathError, now_ns
-from agent.gossip import Outgoing, Received, cycle_rounds, new_incarnation
-from agent.limits import Limit, LimitBook, LimitBookError
-from agent.membership import Membership
-from agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
-from agent.tenants import ClassRun, ClassTable, StateFileError
-from agent.transport import Standalone, TransportError, UdpTransport
-from agent.units import format_rate, parse_rate, to_bps, UnitError
-from agent.wire import Batch, LimitNote
+from drl.agent.classify import ClassifyError
+from drl.agent.config import Config, ConfigError
+from drl.agent.control import ControlError, ControlServer
+from drl.agent.datapath import Counters, Datapath, DatapathError, now_ns
+from drl.agent.gossip import Outgoing, Received, cycle_rounds, new_incarnation
+from drl.agent.limits import Limit, LimitBook, LimitBookError
+from drl.agent.membership import Membership
+from drl.agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
+from drl.agent.tenants import ClassRun, ClassTable, StateFileError
+from drl.agent.transport import Standalone, TransportError, UdpTransport
+from drl.agent.units import format_rate, parse_rate, to_bps, UnitError
+from drl.agent.wire import Batch, LimitNote
 
 log = logging.getLogger("drl.agent")
 

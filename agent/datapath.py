@@ -3,8 +3,8 @@
 This is the only module that imports bcc.  Everything above it (agent/daemon.py)
 uses the small interface below, which a test double can implement too::
 
-    from agent.model import Mode
-    from agent.classes import parse_classes
+    from drl.agent.model import Mode
+    from drl.agent.classes import parse_classes
 
     with Datapath("eth0", parse_classes(["dport=80,proto=tcp"]), gossip_port=7470) as dp:
         dp.set_class(0, Mode.BUCKET, rate_Bps=6.25e6, safe_rate_Bps=3e6, timeout_s=5)
@@ -71,10 +71,10 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
-from agent.model import Mode, SLOW_START_Bps
-from agent import abi, lock
-from agent.classes import ClassRule
-from agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
+from drl.agent.model import Mode, SLOW_START_Bps
+from drl.agent import abi, lock
+from drl.agent.classes import ClassRule
+from drl.agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
 
 try:
     from bcc import BPF

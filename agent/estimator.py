@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-from agent.model import Local, ewma as smooth
-from agent.allocators.common import kept_share
+from drl.agent.model import Local, ewma as smooth
+from drl.agent.allocators.common import kept_share
 
 # A flow whose last packet is older than this many intervals, and at least
 # IDLE_MIN_S, has ended: it no longer stands for demand.  The floor keeps a TCP

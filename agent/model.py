@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Union
 
-from agent import abi
+from drl.agent import abi
 
 
 # FPS slow start (000_efbf5459a9d12355.txt end of §3.2.2): 10 full frames a

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from agent.classes import ClassRule
-from agent.classify import compile_rules
-from agent.estimator import Estimator
-from agent.limits import LimitBook
-from agent.model import Mode, Snapshot, Step
+from drl.agent.classes import ClassRule
+from drl.agent.classify import compile_rules
+from drl.agent.estimator import Estimator
+from drl.agent.limits import LimitBook
+from drl.agent.model import Mode, Snapshot, Step
 
 if TYPE_CHECKING:
-    from agent.config import ClassConf
+    from drl.agent.config import ClassConf
 
 log = logging.getLogger("drl.agent")
 

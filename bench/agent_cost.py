@@ -27,10 +27,10 @@ from pathlib import Path
 
 import psutil
 
-from agent.units import parse_duration
-from lab.agents import Cluster, write_key
-from lab.netns import Lab
-from lab.topology import new_run, star
+from drl.agent.units import parse_duration
+from drl.lab.agents import Cluster, write_key
+from drl.lab.netns import Lab
+from drl.lab.topology import new_run, star
 
 BRANCHING = 3          # drl-agent's default
 IP_UDP_BYTES = 28

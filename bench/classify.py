@@ -22,15 +22,10 @@ import ctypes as ct
 import ipaddress
 import statistics
 import struct
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
-
-from agent.classes import ClassRule  # noqa: E402
-from agent.datapath import Datapath  # noqa: E402
-from agent.model import Mode  # noqa: E402
+from drl.agent.classes import ClassRule
+from drl.agent.datapath import Datapath
+from drl.agent.model import Mode
 
 SYS_BPF = 321              # x86_64
 BPF_PROG_TEST_RUN = 10

@@ -23,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from agent.datapath import Datapath, default_burst
-from agent.model import Mode
-from lab.errors import LabError
-from lab.netns import Lab
-from lab.topology import new_run, pair
-from lab.traffic import iperf3, iperf3_server
+from drl.agent.datapath import Datapath, default_burst
+from drl.agent.model import Mode
+from drl.lab.errors import LabError
+from drl.lab.netns import Lab
+from drl.lab.topology import new_run, pair
+from drl.lab.traffic import iperf3, iperf3_server
 
 RATES_MBIT = (10, 50, 200)
 FLOWS = (1, 4, 16)

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lab.registry import resolve
-from lab.runner import run_experiment
+from drl.lab.registry import resolve
+from drl.lab.runner import run_experiment
 
 
 def cell(interval: str, ewma: str, duration_s: float) -> dict:

@@ -18,11 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agent.fairness import jain
-from lab.agents import Cluster
-from lab.measure import three_to_seven
-from lab.netns import Lab
-from lab.topology import new_run, star
+from drl.agent.fairness import jain
+from drl.lab.agents import Cluster
+from drl.lab.measure import three_to_seven
+from drl.lab.netns import Lab
+from drl.lab.topology import new_run, star
 
 
 def one_run(rto_min: str | None, flow_ewma: str) -> tuple[float, float]:

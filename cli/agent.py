@@ -18,11 +18,11 @@ import sys
 import click
 from click.core import ParameterSource
 
-from agent.abi import GOSSIP_MARK
-from agent.allocators import names as allocator_names
-from agent.control import DEFAULT_SOCKET, ControlError, request
-from cli import configfile
-from cli.params import DURATION, PROBABILITY, QUOTA, RATE, SIZE
+from drl.agent.abi import GOSSIP_MARK
+from drl.agent.allocators import names as allocator_names
+from drl.agent.control import DEFAULT_SOCKET, ControlError, request
+from drl.cli import configfile
+from drl.cli.params import DURATION, PROBABILITY, QUOTA, RATE, SIZE, version_option
 
 DEFAULT_PORT = 7470
 
@@ -45,6 +45,7 @@ MARK = Mark()
 
 
 @click.group(context_settings={"auto_envvar_prefix": "DRL", "help_option_names": ["-h", "--help"]})
+@version_option
 def main() -> None:
     """Run the drl agent (distributed rate limiter)."""
 
@@ -101,8 +102,8 @@ def up(ctx: click.Context, config: str | None, **opts) -> None:
           --peers 10.0.0.2:7470 --key-file /etc/drl/cluster.key
       drl-agent up --config /etc/drl/drl.toml
     """
-    from agent.config import ConfigError
-    from agent.daemon import run
+    from drl.agent.config import ConfigError
+    from drl.agent.daemon import run
 
     explicit = {name for name in opts
                 if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
@@ -116,7 +117,7 @@ def up(ctx: click.Context, config: str | None, **opts) -> None:
 def load_config(path: str | None, opts: dict, explicit: set[str], check_host: bool = True):
     """The Config of `drl-agent up`: the file at ``path`` (if any) under the flags in
     ``explicit``; its ``reload`` re-reads the file with the same flags on top."""
-    from agent.config import ConfigError, build_classes, build_config
+    from drl.agent.config import ConfigError, build_classes, build_config
 
     def options() -> tuple[dict, list[dict]]:
         try:

@@ -14,11 +14,13 @@ import sys
 
 import click
 
-from agent.control import DEFAULT_SOCKET, ControlError, request
-from agent.units import UnitError, format_rate, format_size, parse_rate
+from drl.agent.control import DEFAULT_SOCKET, ControlError, request
+from drl.agent.units import UnitError, format_rate, format_size, parse_rate
+from drl.cli.params import version_option
 
 
 @click.group(context_settings={"auto_envvar_prefix": "DRL", "help_option_names": ["-h", "--help"]})
+@version_option
 @click.option("--socket", "socket_path", default=DEFAULT_SOCKET, show_default=True,
               help="The agent's control socket (env DRL_SOCKET).")
 @click.pass_context

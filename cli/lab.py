@@ -17,15 +17,16 @@ from pathlib import Path
 
 import click
 
-from agent.allocators import names as allocator_names
-from agent.units import format_rate
-from cli.params import DURATION
-from lab.errors import LabError
+from drl.agent.allocators import names as allocator_names
+from drl.agent.units import format_rate
+from drl.cli.params import DURATION, require_extra, version_option
+from drl.lab.errors import LabError
 
 DEMO_PREFERENCE = ("fps", "grd", "gdrl", "static")  # the best distributed allocator this build has
 
 
 @click.group(context_settings={"auto_envvar_prefix": "DRL_LAB", "help_option_names": ["-h", "--help"]})
+@version_option
 def main() -> None:
     """Run distributed-rate-limiting experiments on network namespaces (needs root)."""
 
@@ -78,8 +79,9 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
       drl-lab run baseline --allocator fps --allocator ctb --duration 20s --repeat 5
       drl-lab run ./mine.toml --out /tmp/mine
     """
-    from lab.registry import resolve
-    from lab.runner import run_experiment
+    require_extra("lab", "numpy", "matplotlib")
+    from drl.lab.registry import resolve
+    from drl.lab.runner import run_experiment
 
     def go():
         exp = resolve(name_or_file)
@@ -100,8 +102,8 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
 @main.command("list")
 def list_() -> None:
     """List the built-in experiments."""
-    from lab.registry import builtin
-    from lab.reader import load
+    from drl.lab.registry import builtin
+    from drl.lab.reader import load
 
     for name, path in builtin().items():
         exp = load(path)
@@ -111,8 +113,8 @@ def list_() -> None:
 @main.command()
 def clean() -> None:
     """Remove namespaces, processes and state left by lab runs that died (prefix lb....)."""
-    from lab.netns import clean as clean_leftovers
-    from lab.preflight import require_root
+    from drl.lab.netns import clean as clean_leftovers
+    from drl.lab.preflight import require_root
 
     def go():
         require_root()
@@ -136,8 +138,9 @@ def demo(duration: float, out: Path) -> None:
     Example:
       sudo drl-lab demo --duration 30s
     """
-    from lab.registry import resolve
-    from lab.runner import run_experiment
+    require_extra("lab", "numpy", "matplotlib")
+    from drl.lab.registry import resolve
+    from drl.lab.runner import run_experiment
 
     have = allocator_names()
     best = next((a for a in DEMO_PREFERENCE if a in have), None)

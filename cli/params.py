@@ -5,9 +5,26 @@ All conversions go through agent/units.py; these types only turn a
 """
 from __future__ import annotations
 
+import importlib.util
+
 import click
 
-from agent import units
+from drl.agent import units
+
+def version_option(command):
+    """--version: the installed distribution's version (pyproject.toml).
+
+    A new click option per command: click's callback remembers the first
+    program name it printed, so one shared decorator would name every CLI alike.
+    """
+    return click.version_option(package_name="drl", message="%(prog)s %(version)s")(command)
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """One line instead of an ImportError when an optional extra is not installed."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(f"this command needs {', '.join(missing)}: pip install 'drl[{extra}]'")
 
 
 class _UnitType(click.ParamType):

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import click
 
-from agent.allocators.common import ParameterError
-from sim import experiments
-from sim.progress import Progress
+from drl.cli.params import require_extra, version_option
+from drl.agent.allocators.common import ParameterError
+from drl.sim import experiments
+from drl.sim.progress import Progress
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
 def main() -> None:
     """Simulate distributed rate limiting with the agent's own allocator and gossip code.
 
@@ -53,6 +55,7 @@ def run(name: str, limiters: int | None, out: Path | None, seed: int, quiet: boo
     Example:
       drl-sim run scale --limiters 490 --out out/scale
     """
+    require_extra("sim", "numpy", "matplotlib")
     opts = experiments.Options(out=out or Path("sim-out") / name, limiters=limiters, seed=seed,
                                progress=Progress(enabled=not quiet))
     try:

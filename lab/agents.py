@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from agent.control import ControlError, request
-from agent.units import to_bps
+from drl.agent.control import ControlError, request
+from drl.agent.units import to_bps
 
 from .errors import LabError
 from .netns import Host, Lab

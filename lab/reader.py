@@ -18,8 +18,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
-from agent import allocators
-from agent.units import UnitError, parse_duration, parse_rate, parse_size
+from drl.agent import allocators
+from drl.agent.units import UnitError, parse_duration, parse_rate, parse_size
 
 from .errors import LabError
 from .spec import (AGENT_ACTIONS, CHECKS, FAULT_ACTIONS, FAULT_HORIZON_S, KINDS, LOSS_ON, ROLES, Experiment, Fault,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from agent.fairness import jain
-from agent.units import to_bps
+from drl.agent.fairness import jain
+from drl.agent.units import to_bps
 
 from . import metrics
 from .agents import Agent

@@ -1,6 +1,6 @@
 """Run an experiment: build, start agents, play the schedule, measure, tear down, analyse.
 
-    from lab.registry import resolve
+    from drl.lab.registry import resolve
     summary = run_experiment(resolve("baseline"), Path("results/baseline"),
                              allocators=["fps", "ctb"], repeat=3)
 
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agent.allocators import names as available_allocators
-from agent.units import to_bps
+from drl.agent.allocators import names as available_allocators
+from drl.agent.units import to_bps
 
 from . import plots, preflight
 from .agents import StatusPoller, start_agents

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.units import to_bps
+from drl.agent.units import to_bps
 
 from .errors import LabError
 from .netns import Host, poll, stop
@@ -73,13 +73,13 @@ class Group:
 
     def server_argv(self, out: Path, python: str = sys.executable) -> list[str]:
         if self.traffic.kind == "web":
-            return [python, "-m", "lab.web", "serve", "--port", str(self.port)]
+            return [python, "-m", "drl.lab.web", "serve", "--port", str(self.port)]
         return ["iperf3", "-s", "-1", "-p", str(self.port), "-J", "-i", str(SAMPLE_S)]
 
     def client_argv(self, out: Path, python: str = sys.executable) -> list[str]:
         t = self.traffic
         if t.kind == "web":
-            return [python, "-m", "lab.web", "fetch", "--server", f"{self.target}:{self.port}",
+            return [python, "-m", "drl.lab.web", "fetch", "--server", f"{self.target}:{self.port}",
                     "--arrivals", f"{t.arrivals_per_s:g}", "--mean-size", str(t.mean_size),
                     "--shape", f"{t.shape:g}", "--max-size", str(t.max_size),
                     "--duration", f"{t.stop_s - t.start_s:.3f}", "--seed", str(self.seed),

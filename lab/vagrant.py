@@ -1,7 +1,7 @@
 """Export an experiment as the JSON topology the Vagrant twin reads (vagrant/Vagrantfile).
 
-    python -m lab.vagrant baseline            # print it
-    python -m lab.vagrant --write-all         # refresh vagrant/topologies/*.json
+    python -m drl.lab.vagrant baseline            # print it
+    python -m drl.lab.vagrant --write-all         # refresh vagrant/topologies/*.json
 
 The JSON comes from the lab's own reader and planner (lab/reader.py,
 lab/topology.py, lab/agents.py, lab/traffic.py), so a VM gets exactly the
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from agent.units import to_bps
+from drl.agent.units import to_bps
 
 from .agents import agent_argv
 from .registry import builtin, resolve
@@ -60,7 +60,7 @@ def export(exp: Experiment) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m lab.vagrant", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m drl.lab.vagrant", description=__doc__.split("\n\n")[0])
     ap.add_argument("experiment", nargs="?", help="built-in name or TOML file")
     ap.add_argument("--write-all", action="store_true", help="rewrite vagrant/topologies/ for every built-in")
     args = ap.parse_args(argv)

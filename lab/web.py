@@ -1,7 +1,7 @@
 """A web-like workload: many short transfers, heavy-tailed sizes, Poisson arrivals.
 
-    python -m lab.web serve --port 5300
-    python -m lab.web fetch --server 10.1.1.1:5300 --arrivals 15 --mean-size 20000 \\
+    python -m drl.lab.web serve --port 5300
+    python -m drl.lab.web fetch --server 10.1.1.1:5300 --arrivals 15 --mean-size 20000 \\
         --duration 60 --out web.json
 
 iperf3 cannot do this, and §5.3 of 000_efbf5459a9d12355.txt needs it: requests
@@ -104,7 +104,7 @@ def _interrupt(*_) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m lab.web", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m drl.lab.web", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--port", type=int, required=True)

@@ -5,8 +5,8 @@
 
 or from Python::
 
-    from sim.engine import Setup, Simulation
-    from sim.tcp import Flows, TcpFluid
+    from drl.sim.engine import Setup, Simulation
+    from drl.sim.tcp import Flows, TcpFluid
     sim = Simulation(Setup(allocator="fps", n_nodes=100, global_Bps=6.25e6, loss=0.01),
                      TcpFluid(Flows.build(node=[0, 1, 1]), 100, rng))
     trace = sim.run(600)

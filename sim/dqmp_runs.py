@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.allocators import create
-from agent.allocators.dqmp import accountable
+from drl.agent.allocators import create
+from drl.agent.allocators.dqmp import accountable
 
 from .engine import Setup, Simulation
 from .experiments import Options

@@ -29,12 +29,12 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from agent.allocators import create
-from agent.allocators.graph import Graph
-from agent.estimator import Estimator
-from agent.gossip import Cycle
-from agent.membership import liveness_timeout
-from agent.model import Envelope, Mode, Snapshot
+from drl.agent.allocators import create
+from drl.agent.allocators.graph import Graph
+from drl.agent.estimator import Estimator
+from drl.agent.gossip import Cycle
+from drl.agent.membership import liveness_timeout
+from drl.agent.model import Envelope, Mode, Snapshot
 
 from .network import Network
 from .tcp import Enforcement

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.allocators.graph import Graph
+from drl.agent.allocators.graph import Graph
 
 from .engine import Setup, Simulation
 from .experiments import Options, sizes

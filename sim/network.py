@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.model import Envelope
+from drl.agent.model import Envelope
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Callable, Union
 import numpy as np
 
 from .tcp import CounterSample, Enforcement
-from agent.model import Mode
+from drl.agent.model import Mode
 
 PACKET_BYTES = 1000
 Rates = Union[np.ndarray, Callable[[float], np.ndarray]]

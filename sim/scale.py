@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from agent.units import parse_rate
+from drl.agent.units import parse_rate
 
 from .engine import Setup, Simulation
 from .experiments import Options, sizes

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.model import Mode
+from drl.agent.model import Mode
 
 MSS = 1448          # bytes of payload per segment
 INITIAL_WINDOW = 4  # segments (RFC 3390)

@@ -26,7 +26,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from agent.model import PeerState, PeerView
+from drl.agent.model import PeerState, PeerView
 
 from .network import Updates
 

@@ -24,9 +24,9 @@ from typing import Sequence
 
 import numpy as np
 
-from agent import wire
-from agent.gossip import new_incarnation
-from agent.model import Envelope
+from drl.agent import wire
+from drl.agent.gossip import new_incarnation
+from drl.agent.model import Envelope
 
 IP_UDP_BYTES = 28
 CLUSTER = "sim"

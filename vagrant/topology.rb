@@ -1,4 +1,4 @@
-# Reads a topology JSON written by the lab's own parser (python -m lab.vagrant) and
+# Reads a topology JSON written by the lab's own parser (python -m drl.lab.vagrant) and
 # turns it into the list of VMs the Vagrantfile defines.  Run it alone to see that
 # list as JSON (tests/unit/test_lab_vagrant.py compares it with the lab's plan):
 #

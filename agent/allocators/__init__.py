@@ -35,18 +35,18 @@ import importlib
 import importlib.util
 from typing import Any
 
-from agent.model import Allocator
+from drl.agent.model import Allocator
 
 _REGISTRY = {
-    "static": "agent.allocators.static:Static",
-    "ctb": "agent.allocators.ctb:CentralTokenBucket",
-    "gtb": "agent.allocators.gtb:GlobalTokenBucket",
-    "grd": "agent.allocators.grd:GlobalRandomDrop",
-    "fps": "agent.allocators.fps:FlowProportionalShare",
-    "gdrl": "agent.allocators.gdrl:Gdrl",
-    "fillratio": "agent.allocators.fillratio:FillRatio",
-    "dqmp": "agent.allocators.dqmp:Dqmp",
-    "lease": "agent.allocators.lease:Lease",
+    "static": "drl.agent.allocators.static:Static",
+    "ctb": "drl.agent.allocators.ctb:CentralTokenBucket",
+    "gtb": "drl.agent.allocators.gtb:GlobalTokenBucket",
+    "grd": "drl.agent.allocators.grd:GlobalRandomDrop",
+    "fps": "drl.agent.allocators.fps:FlowProportionalShare",
+    "gdrl": "drl.agent.allocators.gdrl:Gdrl",
+    "fillratio": "drl.agent.allocators.fillratio:FillRatio",
+    "dqmp": "drl.agent.allocators.dqmp:Dqmp",
+    "lease": "drl.agent.allocators.lease:Lease",
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from agent.model import Decision, Mode, PeerState, PeerView, Snapshot, Step
+from drl.agent.model import Decision, Mode, PeerState, PeerView, Snapshot, Step
 
 
 class ParameterError(ValueError):

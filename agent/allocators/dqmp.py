@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar, Mapping
 
-from agent.model import Decision, Envelope, Mode, PeerView, Snapshot, Step
+from drl.agent.model import Decision, Envelope, Mode, PeerView, Snapshot, Step
 from .common import check_range
 from .graph import Graph, bfs_levels
 from .transfer import (Ledger, has_failed, is_alive, ledger_from_dict, ledger_to_dict, link_info, receive, report,

@@ -62,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from agent.model import SLOW_START_Bps, Decision, Mode, Snapshot, Step, effective_limit, ewma
+from drl.agent.model import SLOW_START_Bps, Decision, Mode, Snapshot, Step, effective_limit, ewma
 from .common import check_range, kept_share
 
 UNBOTTLENECKED = "unbottlenecked"

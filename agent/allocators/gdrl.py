@@ -41,7 +41,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple
 
-from agent.model import Decision, Envelope, Mode, Snapshot, Step
+from drl.agent.model import Decision, Envelope, Mode, Snapshot, Step
 from .common import ParameterError, check_range
 from .graph import Graph
 from .transfer import (Ledger, claim_endowments, is_alive, link_info, receive, retransmit, send,

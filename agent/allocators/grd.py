@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from agent.model import Decision, Mode, Snapshot, Step, effective_limit
+from drl.agent.model import Decision, Mode, Snapshot, Step, effective_limit
 from .common import drop_probability
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from agent.model import PeerView, Snapshot, Step
+from drl.agent.model import PeerView, Snapshot, Step
 from .common import bucket_step
 
 

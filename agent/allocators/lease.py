@@ -32,7 +32,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
-from agent.model import Decision, Envelope, LeaseGrant, LeaseRequest, Mode, Snapshot, Step
+from drl.agent.model import Decision, Envelope, LeaseGrant, LeaseRequest, Mode, Snapshot, Step
 from .common import ParameterError, check_range
 from .transfer import is_alive
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from agent.model import Snapshot, Step
+from drl.agent.model import Snapshot, Step
 from .common import bucket_step
 
 

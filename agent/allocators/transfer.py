@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from agent.model import Envelope, PeerView, Report, Transfer, TransferAck
+from drl.agent.model import Envelope, PeerView, Report, Transfer, TransferAck
 
 
 @dataclass(frozen=True)

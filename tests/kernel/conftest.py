@@ -13,11 +13,11 @@ import contextlib
 
 import pytest
 
-from lab.agents import Cluster, write_key
-from lab.netns import Lab
-from lab.preflight import skip_reason
-from lab.topology import WAN_RTO_MIN, new_run, pair, star
-from lab.traffic import iperf3_server
+from drl.lab.agents import Cluster, write_key
+from drl.lab.netns import Lab
+from drl.lab.preflight import skip_reason
+from drl.lab.topology import WAN_RTO_MIN, new_run, pair, star
+from drl.lab.traffic import iperf3_server
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def server(net):
 @pytest.fixture
 def datapath(net):
     """Factory: Datapath attached to h1's eth0; every one made is closed afterwards."""
-    from agent.datapath import Datapath
+    from drl.agent.datapath import Datapath
 
     made = []
 

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from lab.agents import READY_TIMEOUT_S, Agent, drl_agent, installed
-from lab.measure import sink_rate_bps, tc_show
-from lab.metrics import within
-from lab.traffic import iperf3_server, iperf3_start
+from drl.lab.agents import READY_TIMEOUT_S, Agent, drl_agent, installed
+from drl.lab.measure import sink_rate_bps, tc_show
+from drl.lab.metrics import within
+from drl.lab.traffic import iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
 

@@ -15,10 +15,10 @@ import struct
 
 import pytest
 
-from agent.config import class_key
-from agent.daemon import CLUSTER
-from agent.wire import Batch, ClassValue, Header, LimitNote, Message, encode, load_key
-from lab.agents import GOSSIP_PORT as PORT
+from drl.agent.config import class_key
+from drl.agent.daemon import CLUSTER
+from drl.agent.wire import Batch, ClassValue, Header, LimitNote, Message, encode, load_key
+from drl.lab.agents import GOSSIP_PORT as PORT
 
 pytestmark = pytest.mark.kernel
 

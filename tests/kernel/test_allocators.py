@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from lab.agents import Cluster
-from lab.measure import rx_bytes, sink_rate_bps
-from lab.metrics import within
-from lab.traffic import iperf3_server, iperf3_start, udp_blast
+from drl.lab.agents import Cluster
+from drl.lab.measure import rx_bytes, sink_rate_bps
+from drl.lab.metrics import within
+from drl.lab.traffic import iperf3_server, iperf3_start, udp_blast
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from agent.model import Mode
-from agent.classes import parse_class, parse_classes
-from lab.measure import tc_show
-from lab.metrics import within
-from lab.traffic import iperf3, iperf3_server, iperf3_start
+from drl.agent.model import Mode
+from drl.agent.classes import parse_class, parse_classes
+from drl.lab.measure import tc_show
+from drl.lab.metrics import within
+from drl.lab.traffic import iperf3, iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
 
@@ -173,7 +173,7 @@ def test_quota_stops_the_class_when_used_up(net, server, datapath):
 def test_exempt_gossip_is_never_policed(net, datapath):
     """The agent's own gossip: UDP from its port with its socket mark (abi.GOSSIP_MARK).
     Everything else on the port is policed: tests/kernel/test_takeover.py."""
-    from agent.abi import GOSSIP_MARK
+    from drl.agent.abi import GOSSIP_MARK
     dp = datapath(classes=[parse_class("proto=udp")], gossip_port=7946)
     dp.set_class(0, Mode.DROP, drop_probability=1.0)
     net.hosts[0].run("python3", "-c", "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "

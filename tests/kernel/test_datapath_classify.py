@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from agent.classes import ClassRule, parse_class
-from agent.datapath import Counters
-from agent.model import Mode
-from lab.measure import tc_show
-from lab.metrics import within
-from lab.traffic import iperf3, iperf3_start
+from drl.agent.classes import ClassRule, parse_class
+from drl.agent.datapath import Counters
+from drl.agent.model import Mode
+from drl.lab.measure import tc_show
+from drl.lab.metrics import within
+from drl.lab.traffic import iperf3, iperf3_start
 
 pytestmark = pytest.mark.kernel
 

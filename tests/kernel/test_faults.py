@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from lab.measure import rx_bytes
-from lab.traffic import iperf3_server, iperf3_start
+from drl.lab.measure import rx_bytes
+from drl.lab.traffic import iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
 

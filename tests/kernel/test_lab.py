@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.netns import Lab, clean, leftover_runs, poll
-from lab.preflight import skip_reason
-from lab.registry import resolve
-from lab.topology import plan
+from drl.lab.netns import Lab, clean, leftover_runs, poll
+from drl.lab.preflight import skip_reason
+from drl.lab.registry import resolve
+from drl.lab.topology import plan
 
 pytestmark = pytest.mark.kernel
 REASON = skip_reason()
@@ -38,7 +38,7 @@ NOTHING = {"netns": [], "links": [], "state": False}
 def bottleneck_plan():
     p = plan(resolve("bottleneck"))
     yield p
-    from lab.netns import remove_run
+    from drl.lab.netns import remove_run
     remove_run(p.run)  # whatever a failing test left
 
 
@@ -59,10 +59,10 @@ def test_builder_builds_and_removes_everything(bottleneck_plan, tmp_path):
         got_bps = json.loads(res.stdout)["end"]["sum_received"]["bits_per_second"]
         assert 1.0e6 < got_bps < 2.6e6
         # the web workload: server at l2 (responses cross its egress), fetching client at the sink
-        lab.spawn("l2", [sys.executable, "-m", "lab.web", "serve", "--port", "5300"])
+        lab.spawn("l2", [sys.executable, "-m", "drl.lab.web", "serve", "--port", "5300"])
         assert poll(lambda: lab.host("l2").listening(5300), 5), "web server never listened"
         report = tmp_path / "web.json"
-        subprocess.run(["ip", "netns", "exec", p.ns("sink"), sys.executable, "-m", "lab.web", "fetch",
+        subprocess.run(["ip", "netns", "exec", p.ns("sink"), sys.executable, "-m", "drl.lab.web", "fetch",
                         "--server", f"{p.address('l2')}:5300", "--arrivals", "20", "--mean-size", "20000",
                         "--duration", "2", "--out", str(report)], cwd=ROOT, check=True, timeout=30)
         transfers = json.loads(report.read_text())["transfers"]
@@ -85,7 +85,7 @@ def _lab_in_child(run_plan_code: str) -> subprocess.Popen:
 
 
 def test_interrupted_lab_tears_down():
-    from lab.topology import new_run
+    from drl.lab.topology import new_run
     run = new_run()
     proc = _lab_in_child(run)
     try:
@@ -94,12 +94,12 @@ def test_interrupted_lab_tears_down():
         assert traces(run) == NOTHING
     finally:
         proc.kill()
-        from lab.netns import remove_run
+        from drl.lab.netns import remove_run
         remove_run(run)
 
 
 def test_clean_removes_a_killed_runs_leftovers_and_keeps_live_ones():
-    from lab.topology import new_run
+    from drl.lab.topology import new_run
     dead, live = new_run(), new_run()
     victim, survivor = _lab_in_child(dead), _lab_in_child(live)
     try:
@@ -115,7 +115,7 @@ def test_clean_removes_a_killed_runs_leftovers_and_keeps_live_ones():
         for proc in (victim, survivor):
             proc.send_signal(signal.SIGINT)
             proc.wait(30)
-        from lab.netns import remove_run
+        from drl.lab.netns import remove_run
         remove_run(dead)
         remove_run(live)
     assert traces(live) == NOTHING

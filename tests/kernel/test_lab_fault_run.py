@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.netns import leftover_runs, poll
-from lab.preflight import skip_reason
+from drl.lab.netns import leftover_runs, poll
+from drl.lab.preflight import skip_reason
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 REASON = skip_reason() or (None if shutil.which("nft") else "needs nft (apt install nftables)")

@@ -16,8 +16,8 @@ import random
 from collections import defaultdict
 from typing import Any, Callable
 
-from agent.allocators.common import peer_view
-from agent.model import Decision, Envelope, Local, PeerState, Snapshot
+from drl.agent.allocators.common import peer_view
+from drl.agent.model import Decision, Envelope, Local, PeerState, Snapshot
 
 
 class Net:
@@ -113,7 +113,7 @@ def diffusion_accounted(net: Net, total: int) -> int:
     """GDRL / fill ratio accounting: the live nodes' accountable amounts plus the
     genesis share of every failed node that no live node has inherited yet.
     transfer.py shows this is exactly ``total`` after every tick."""
-    from agent.allocators.transfer import share
+    from drl.agent.allocators.transfer import share
     live = [net.state[m] for m in net.live if net.state[m].ledger is not None]
     claimed = set().union(*(s.ledger.claimed for s in live))
     genesis = net.members

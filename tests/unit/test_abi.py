@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import abi
+from drl.agent import abi
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 PKT_CLS = Path("/usr/include/linux/pkt_cls.h")

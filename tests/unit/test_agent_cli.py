@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-import agent.config
-import agent.daemon
-from cli.agent import main as agent_main
-from cli.ctl import main as ctl_main
+import drl.agent.config
+import drl.agent.daemon
+from drl.cli.agent import main as agent_main
+from drl.cli.ctl import main as ctl_main
 
 
 @pytest.fixture
 def as_root(monkeypatch):
-    monkeypatch.setattr(agent.config.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(drl.agent.config.os, "geteuid", lambda: 0)
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def key_file(tmp_path):
 def started(monkeypatch):
     """agent.daemon.run replaced: the Config it would have run with."""
     seen = []
-    monkeypatch.setattr(agent.daemon, "run", lambda config: seen.append(config) or 0)
+    monkeypatch.setattr(drl.agent.daemon, "run", lambda config: seen.append(config) or 0)
     return seen
 
 
@@ -64,7 +64,7 @@ def test_unknown_allocator_is_a_usage_error():
 
 
 def test_not_root_is_refused_first(monkeypatch, started):
-    monkeypatch.setattr(agent.config.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(drl.agent.config.os, "geteuid", lambda: 1000)
     result = up("--iface", "lo", "--global", "10mbit", "--insecure")
     one_line_error(result, "must run as root")
     assert result.exit_code == 1 and started == []
@@ -146,7 +146,7 @@ def test_clients_without_an_agent_say_so_in_one_line(cli, args):
 
 
 def test_drlctl_classes_is_a_table_with_one_row_per_class():
-    from cli.ctl import render_classes
+    from drl.cli.ctl import render_classes
     row = {"name": "gold", "allocator": "fps", "global_limit_bps": 5e7, "effective_limit_bps": 5e7,
            "local_limit_bps": 2.5e7, "demand_bps": 3e7, "drop_probability": 0.0, "passed_bytes": 1.5e9,
            "dropped_bytes": 0, "limit_version": 2}

@@ -5,9 +5,9 @@ import time
 
 from hypothesis import given, settings, strategies as st
 
-from agent.allocators import create
-from agent.allocators.dqmp import accountable, from_dict, to_dict
-from agent.model import Local, PeerView, Snapshot
+from drl.agent.allocators import create
+from drl.agent.allocators.dqmp import accountable, from_dict, to_dict
+from drl.agent.model import Local, PeerView, Snapshot
 
 from netharness import Net
 

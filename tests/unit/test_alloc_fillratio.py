@@ -2,8 +2,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.allocators import create
-from agent.model import Local
+from drl.agent.allocators import create
+from drl.agent.model import Local
 
 from netharness import Net, diffusion_accounted
 

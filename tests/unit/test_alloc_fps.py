@@ -8,10 +8,10 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.allocators import common, create
-from agent.allocators.common import ParameterError
-from agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, FpsState
-from agent.model import Local, PeerState, Snapshot
+from drl.agent.allocators import common, create
+from drl.agent.allocators.common import ParameterError
+from drl.agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, FpsState
+from drl.agent.model import Local, PeerState, Snapshot
 
 MBIT = 1e6 / 8                     # bytes/s
 L = 10 * MBIT

@@ -2,10 +2,10 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.allocators import create
-from agent.allocators.gdrl import INDICATORS, EtaAboveBoundError
-from agent.fairness import jain
-from agent.model import Local
+from drl.agent.allocators import create
+from drl.agent.allocators.gdrl import INDICATORS, EtaAboveBoundError
+from drl.agent.fairness import jain
+from drl.agent.model import Local
 
 from netharness import Net, diffusion_accounted
 

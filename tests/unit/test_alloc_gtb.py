@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.allocators import common, create
-from agent.model import Local, Mode, PeerState, Snapshot
+from drl.agent.allocators import common, create
+from drl.agent.model import Local, Mode, PeerState, Snapshot
 
 MBIT = 1e6 / 8
 

@@ -2,9 +2,9 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.allocators import create
-from agent.allocators.common import ParameterError
-from agent.model import Local
+from drl.agent.allocators import create
+from drl.agent.allocators.common import ParameterError
+from drl.agent.model import Local
 
 from netharness import Net
 

@@ -12,8 +12,8 @@ import importlib
 import pytest
 from hypothesis import given, strategies as st
 
-from agent.allocators import common, create
-from agent.model import Local, Mode, PeerState, Snapshot
+from drl.agent.allocators import common, create
+from drl.agent.model import Local, Mode, PeerState, Snapshot
 
 MBIT = 1e6 / 8   # bytes/s
 
@@ -34,7 +34,7 @@ def run(name: str, snap: Snapshot):
 
 @pytest.mark.parametrize("module", ["common", "static", "ctb", "gtb", "grd", "fps"])
 def test_module_docstring_examples_run(module):
-    result = doctest.testmod(importlib.import_module(f"agent.allocators.{module}"))
+    result = doctest.testmod(importlib.import_module(f"drl.agent.allocators.{module}"))
     assert result.attempted > 0 and result.failed == 0
 
 

@@ -5,8 +5,8 @@ import struct
 
 from hypothesis import given, settings, strategies as st
 
-from agent import drl_pb2
-from agent.wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, Reason, decode, encode,
+from drl.agent import drl_pb2
+from drl.agent.wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, Reason, decode, encode,
                         pack)
 
 KEY = b"0123456789abcdef0123456789abcdef"
@@ -77,8 +77,8 @@ def test_values_travel_as_32_bit_floats():
 
 import random
 
-from agent.gossip import ANNOUNCE_ROUNDS, REFRESH_ROUNDS, REPEATS, GossipCore, Outgoing
-from agent.membership import Membership
+from drl.agent.gossip import ANNOUNCE_ROUNDS, REFRESH_ROUNDS, REPEATS, GossipCore, Outgoing
+from drl.agent.membership import Membership
 
 
 def pair():
@@ -158,7 +158,7 @@ def test_every_class_arrives_once_and_in_order_under_loss_and_reordering(n_class
 
 
 def test_class_sequence_numbers_wrap_and_still_order():
-    from agent.gossip import CLASS_SEQS, class_seq_gap
+    from drl.agent.gossip import CLASS_SEQS, class_seq_gap
     assert class_seq_gap(5, 0) == 0 and class_seq_gap(6, 5) == 0 and class_seq_gap(9, 5) == 3
     assert class_seq_gap(5, 6) is None and class_seq_gap(5, 5) is None
     assert class_seq_gap(1, CLASS_SEQS) == 0 and class_seq_gap(2, CLASS_SEQS - 1) == 2   # across the wrap

@@ -6,7 +6,7 @@ import ipaddress
 import pytest
 from hypothesis import given, strategies as st
 
-from agent.classes import ClassRule, ClassSpecError, parse_class, parse_classes
+from drl.agent.classes import ClassRule, ClassSpecError, parse_class, parse_classes
 
 
 def test_full_spec():

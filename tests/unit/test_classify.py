@@ -5,9 +5,9 @@ import ipaddress
 
 import pytest
 
-from agent import abi
-from agent.classes import parse_class
-from agent.classify import ClassifyError, compile_rules, key_prefixlen
+from drl.agent import abi
+from drl.agent.classes import parse_class
+from drl.agent.classify import ClassifyError, compile_rules, key_prefixlen
 
 
 def net(text: str):

@@ -6,9 +6,9 @@ import textwrap
 import pytest
 from click.core import ParameterSource
 
-from agent.config import ConfigError
-from agent.units import parse_rate
-from cli.agent import load_config, up
+from drl.agent.config import ConfigError
+from drl.agent.units import parse_rate
+from drl.cli.agent import load_config, up
 
 GOOD = """\
 [agent]

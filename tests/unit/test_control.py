@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from agent.control import ControlError, ControlServer, request
+from drl.agent.control import ControlError, ControlServer, request
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from agent.config import build_config, class_key
-from agent.daemon import CLUSTER, Agent
-from agent.datapath import Counters, FlowKey, FlowSample, now_ns
-from agent.gossip import GossipCore, Outgoing, PeerList
-from agent.model import Mode
-from agent.wire import decode
-from cli.agent import up
+from drl.agent.config import build_config, class_key
+from drl.agent.daemon import CLUSTER, Agent
+from drl.agent.datapath import Counters, FlowKey, FlowSample, now_ns
+from drl.agent.gossip import GossipCore, Outgoing, PeerList
+from drl.agent.model import Mode
+from drl.agent.wire import decode
+from drl.cli.agent import up
 
 CLASS_ID = 0                      # the datapath slot of the first class
 DEFAULT = class_key("default")    # its key on the wire
@@ -265,9 +265,9 @@ def test_dqmp_state_file_is_written_every_tick_and_restored(tmp_path):
 
 # -- many classes: reload, live limits, a lone agent ------------------------------------------
 
-from agent.limits import Limit                      # noqa: E402
-from agent.wire import LimitNote  # noqa: E402
-from cli.agent import load_config                    # noqa: E402
+from drl.agent.limits import Limit                      # noqa: E402
+from drl.agent.wire import LimitNote  # noqa: E402
+from drl.cli.agent import load_config                    # noqa: E402
 
 TWO = """\
 [agent]

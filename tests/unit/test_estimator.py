@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.datapath import Counters, FlowKey, FlowSample
-from agent.estimator import Estimator
+from drl.agent.datapath import Counters, FlowKey, FlowSample
+from drl.agent.estimator import Estimator
 
 S = 1_000_000_000   # ns per s
 

@@ -4,7 +4,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from agent.fairness import jain
+from drl.agent.fairness import jain
 
 rates = st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), min_size=1, max_size=50)
 

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from agent.gossip import GossipCore, Outgoing, Stats
-from agent.membership import Membership
-from agent.model import Envelope, Transfer
-from agent.peers import AddressError, Peer, format_addr, parse_hostport, parse_peers
-from agent.transport import TransportError, UdpTransport
-from agent.wire import MAX_DATAGRAM, Batch
+from drl.agent.gossip import GossipCore, Outgoing, Stats
+from drl.agent.membership import Membership
+from drl.agent.model import Envelope, Transfer
+from drl.agent.peers import AddressError, Peer, format_addr, parse_hostport, parse_peers
+from drl.agent.transport import TransportError, UdpTransport
+from drl.agent.wire import MAX_DATAGRAM, Batch
 
 KEY = b"k" * 32
 

@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from agent.gossip import GossipCore, Outgoing
-from agent.lives import MAX_LIVES
-from agent.membership import Membership
-from agent.model import Envelope, Transfer
-from agent.wire import LimitNote
+from drl.agent.gossip import GossipCore, Outgoing
+from drl.agent.lives import MAX_LIVES
+from drl.agent.membership import Membership
+from drl.agent.model import Envelope, Transfer
+from drl.agent.wire import LimitNote
 
 KEY = b"k" * 32
 TIMEOUT = 0.3
@@ -218,7 +218,7 @@ def test_udp_transport_binds_the_names_it_is_given_as_resolved_addresses():
     import socket
     import time
 
-    from agent.transport import UdpTransport
+    from drl.agent.transport import UdpTransport
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
     for s in socks:
         s.bind(("127.0.0.1", 0))

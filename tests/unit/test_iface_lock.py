@@ -11,9 +11,9 @@ import sys
 import click
 import pytest
 
-from agent import abi, lock
-from agent.config import ConfigError, _gossip_mark
-from cli.agent import MARK, up
+from drl.agent import abi, lock
+from drl.agent.config import ConfigError, _gossip_mark
+from drl.cli.agent import MARK, up
 
 
 def test_the_lock_is_named_by_namespace_inode_and_ifindex(tmp_path):
@@ -35,10 +35,9 @@ def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path):
 
 
 def test_a_lock_left_by_a_killed_process_does_not_block_a_restart(tmp_path):
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from agent import lock; "
-            "lock.InterfaceLock.take('eth0', 7, directory=sys.argv[2]); print('held', flush=True); time.sleep(60)")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.Popen([sys.executable, "-c", code, root, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    code = ("import sys, time; from drl.agent import lock; "
+            "lock.InterfaceLock.take('eth0', 7, directory=sys.argv[1]); print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
         with pytest.raises(lock.LockError, match=f"pid {proc.pid}"):
@@ -75,7 +74,7 @@ def test_the_default_mark_leaves_the_low_bits_others_use_alone():
 
 
 def test_gossip_exemption_checks():
-    from agent.datapath import DatapathError, _gossip_exemption
+    from drl.agent.datapath import DatapathError, _gossip_exemption
     assert _gossip_exemption(None, abi.GOSSIP_MARK) == (0, 0)               # no gossip socket: nothing exempt
     assert _gossip_exemption(7470, 5) == (7470, 5)
     for port, mark in ((0, 5), (65536, 5), (7470, 0), (7470, 2**32)):
@@ -110,7 +109,7 @@ def _filter_msg(seq: int, handle: int, prio: int, kind: bytes, prog_id: int | No
 
 
 def test_the_egress_dump_finds_our_programs_id():
-    from agent.datapath import FILTER_HANDLE, FILTER_PRIO, _egress_prog_id
+    from drl.agent.datapath import FILTER_HANDLE, FILTER_PRIO, _egress_prog_id
     assert _egress_prog_id(FakeNetlink([]), 2) is None
     found = [(0, FILTER_PRIO, b"bpf", None), (FILTER_HANDLE, 7, b"bpf", 11),
              (FILTER_HANDLE, FILTER_PRIO, b"bpf", 42)]

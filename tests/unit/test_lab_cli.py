@@ -5,7 +5,7 @@ import time
 
 from click.testing import CliRunner
 
-from cli.lab import _guarded, main, render
+from drl.cli.lab import _guarded, main, render
 
 
 def test_list_shows_every_builtin():

@@ -2,12 +2,12 @@
 and the per-fault metrics (worst 1-s window, recovery) and checks on synthetic series (no root)."""
 import pytest
 
-from cli.lab import failed_checks, render_faults
-from lab.faults import gossip_loss_rules, partition_rules
-from lab.metrics import fault_impact, sliding_means
-from lab.reader import SpecError, loads
-from lab.registry import resolve
-from lab.results import demand_exceeds, evaluate_checks, fault_rows
+from drl.cli.lab import failed_checks, render_faults
+from drl.lab.faults import gossip_loss_rules, partition_rules
+from drl.lab.metrics import fault_impact, sliding_means
+from drl.lab.reader import SpecError, loads
+from drl.lab.registry import resolve
+from drl.lab.results import demand_exceeds, evaluate_checks, fault_rows
 
 BASE = """\
 [experiment]
@@ -293,7 +293,7 @@ def test_demand_exceeds_counts_tcp_and_udp_offers():
 
 def test_drl_lab_run_exits_1_when_a_check_fails(monkeypatch, tmp_path):
     from click.testing import CliRunner
-    from cli.lab import main
+    from drl.cli.lab import main
 
     def fake_run(exp, out, allocators, repeat, progress):
         row = {"at_s": 5.0, "action": "kill", "label": "kill l3", "applied_at_s": 5.0,
@@ -305,7 +305,7 @@ def test_drl_lab_run_exits_1_when_a_check_fails(monkeypatch, tmp_path):
                "limiters": [{"name": "l3", "flows": 6, "share": 1.0}], "faults": [row], "checks": checks}
         return {**run, "runs": [run], "comparison": [{"allocator": "fps", "runs": 1, "jain_index": 0.9}]}
 
-    monkeypatch.setattr("lab.runner.run_experiment", fake_run)
+    monkeypatch.setattr("drl.lab.runner.run_experiment", fake_run)
     res = CliRunner().invoke(main, ["run", "faults", "--out", str(tmp_path)])
     assert res.exit_code == 1
     assert "kill l3" in res.output and "max_window_ratio fail" in res.output
@@ -313,12 +313,12 @@ def test_drl_lab_run_exits_1_when_a_check_fails(monkeypatch, tmp_path):
 
 
 def test_loss_without_nft_is_refused_before_the_run(monkeypatch, tmp_path):
-    from lab.preflight import check
-    from lab.reader import load
+    from drl.lab.preflight import check
+    from drl.lab.reader import load
     path = tmp_path / "f.toml"
     path.write_text(BASE + FAULTS)
     exp = load(path)
-    monkeypatch.setattr("lab.preflight.shutil.which", lambda tool: None if tool == "nft" else "/bin/" + tool)
+    monkeypatch.setattr("drl.lab.preflight.shutil.which", lambda tool: None if tool == "nft" else "/bin/" + tool)
     with pytest.raises(SpecError) as err:
         check(exp)
     assert f"f.toml:{N + 15}: [[fault]] #3: field 'action': loss needs nftables' nft" in str(err.value)

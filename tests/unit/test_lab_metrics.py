@@ -4,8 +4,8 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from lab.collector import DT, spread
-from lab.metrics import convergence, rebin, utilization, web_table, window, within
+from drl.lab.collector import DT, spread
+from drl.lab.metrics import convergence, rebin, utilization, web_table, window, within
 
 
 def test_within_is_relative():

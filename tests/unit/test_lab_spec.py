@@ -1,9 +1,9 @@
 """The experiment file format: every shipped file validates; bad files name their line and field."""
 import pytest
 
-from lab.registry import builtin, resolve
-from lab.preflight import check
-from lab.reader import SpecError, load, loads
+from drl.lab.registry import builtin, resolve
+from drl.lab.preflight import check
+from drl.lab.reader import SpecError, load, loads
 
 GOOD = """\
 [experiment]
@@ -112,13 +112,13 @@ def _refused_by_preflight(tmp_path, replace: str, by: str) -> str:
 
 
 def test_delay_is_refused_without_netem(monkeypatch, tmp_path):
-    monkeypatch.setattr("lab.preflight.netem_available", lambda: False)
+    monkeypatch.setattr("drl.lab.preflight.netem_available", lambda: False)
     msg = _refused_by_preflight(tmp_path, 'rate = "50mbit"', 'rate = "50mbit"\ndelay = "20ms"')
     assert "bad.toml:20: [[link]] #3: field 'delay': needs the sch_netem qdisc" in msg
 
 
 def test_unknown_congestion_control_is_refused(monkeypatch, tmp_path):
-    monkeypatch.setattr("lab.preflight.available_cc", lambda: ["reno", "cubic"])
+    monkeypatch.setattr("drl.lab.preflight.available_cc", lambda: ["reno", "cubic"])
     msg = _refused_by_preflight(tmp_path, 'global = "10mbit"', 'global = "10mbit"\ncongestion_control = "fastest"')
     assert "bad.toml:4: [experiment]: field 'congestion_control': expected one of reno, cubic, got 'fastest'" in msg
 

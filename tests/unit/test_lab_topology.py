@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.agents import agent_argv
-from lab.registry import builtin, resolve
-from lab.reader import loads
-from lab.topology import IFNAMSIZ, RUN, new_run, plan
-from lab.traffic import place
+from drl.lab.agents import agent_argv
+from drl.lab.registry import builtin, resolve
+from drl.lab.reader import loads
+from drl.lab.topology import IFNAMSIZ, RUN, new_run, plan
+from drl.lab.traffic import place
 
 
 @pytest.mark.parametrize("name", sorted(builtin()))
@@ -121,8 +121,8 @@ rate = "1mbit"
 
 
 def test_long_names_are_refused():
-    from lab.errors import LabError
-    from lab.reader import loads
+    from drl.lab.errors import LabError
+    from drl.lab.reader import loads
     text = "[experiment]\nduration = 5\nglobal = '1mbit'\nallocators = ['fps']\n[hosts]\nabcdef = 'limiter'\nsink = 'sink'\n" + \
         "".join(f"[[link]]\nends = ['abcdef', 'x{i}']\n" for i in range(100)) + "[[link]]\nends = ['abcdef', 'sink']\n"
     text = text.replace("[hosts]\n", "[hosts]\n" + "".join(f"x{i} = 'router'\n" for i in range(100)))
@@ -133,7 +133,7 @@ def test_long_names_are_refused():
 @pytest.mark.parametrize("name", sorted(builtin()))
 def test_agent_argv_is_accepted_by_drl_agent(name):
     """Every agent command the lab would run parses under the real `drl-agent up` options."""
-    from cli.agent import main as drl_agent
+    from drl.cli.agent import main as drl_agent
     exp = resolve(name)
     for alloc in exp.allocators:
         p = plan(exp, run="lb0001", central=alloc == "ctb")
@@ -144,7 +144,7 @@ def test_agent_argv_is_accepted_by_drl_agent(name):
 
 
 def test_code_topologies_keep_the_kernel_tests_names():
-    from lab.topology import pair, star
+    from drl.lab.topology import pair, star
 
     s = star(3, run="dp0a1b", rto_min="10ms")
     assert s.namespaces == ["dp0a1b-h1", "dp0a1b-h2", "dp0a1b-h3", "dp0a1b-sw"]

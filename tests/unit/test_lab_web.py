@@ -3,7 +3,7 @@ import random
 
 from hypothesis import given, strategies as st
 
-from lab.web import pareto_size
+from drl.lab.web import pareto_size
 
 
 @given(st.integers(0, 2**32), st.integers(1_000, 100_000), st.floats(1.05, 3.0), st.integers(1, 10_000_000))

@@ -20,23 +20,23 @@ STDLIB = sys.stdlib_module_names
 # (files, forbidden module prefixes, why)
 FORBIDDEN = [
     ("agent/datapath.py",
-     ("agent.allocators", "agent.gossip", "agent.transport", "agent.peers", "agent.membership",
-      "agent.estimator", "agent.daemon"),
+     ("drl.agent.allocators", "drl.agent.gossip", "drl.agent.transport", "drl.agent.peers", "drl.agent.membership",
+      "drl.agent.estimator", "drl.agent.daemon"),
      "the datapath sits below allocation and gossip"),
-    ("sim/*.py", ("agent.datapath", "agent.daemon", "agent.transport", "bcc"),
+    ("sim/*.py", ("drl.agent.datapath", "drl.agent.daemon", "drl.agent.transport", "bcc"),
      "the simulator runs without the kernel or sockets"),
-    ("lab/**/*.py", ("sim",), "the lab does not depend on the simulator"),
+    ("lab/**/*.py", ("drl.sim",), "the lab does not depend on the simulator"),
 ]
 # (files, the only first-party module prefixes allowed besides the stdlib, why)
 ALLOWED = [
-    ("agent/allocators/*.py", ("agent.model", "agent.units", "agent.allocators"), "allocators are pure"),
-    ("agent/model.py", ("agent.abi", "agent.units"), "the model is importable by every layer"),
+    ("agent/allocators/*.py", ("drl.agent.model", "drl.agent.units", "drl.agent.allocators"), "allocators are pure"),
+    ("agent/model.py", ("drl.agent.abi", "drl.agent.units"), "the model is importable by every layer"),
 ]
 
 
 def imports(path: Path, root: Path = ROOT) -> list[tuple[str, int]]:
     """Every module ``path`` imports, absolute, with its line; ``from pkg import mod`` names pkg.mod."""
-    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    package = ".".join(("drl", *path.relative_to(root).with_suffix("").parts[:-1]))
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -46,7 +46,7 @@ def imports(path: Path, root: Path = ROOT) -> list[tuple[str, int]]:
             module = ".".join([*base, *([node.module] if node.module else [])])
             for alias in node.names:
                 sub = f"{module}.{alias.name}"
-                file = root / sub.replace(".", "/")
+                file = root / sub.removeprefix("drl.").replace(".", "/")
                 is_module = file.with_suffix(".py").exists() or file.is_dir()
                 out.append((sub if is_module else module, node.lineno))
     return out
@@ -83,16 +83,16 @@ def test_every_rule_matches_files():
 
 
 @pytest.mark.parametrize("path,source,expected", [
-    ("agent/datapath.py", "from agent.gossip import GossipCore\n",
-     "agent/datapath.py:1 imports agent.gossip (the datapath sits below"),
-    ("agent/datapath.py", "def f():\n    from agent import membership\n",
-     "agent/datapath.py:2 imports agent.membership"),
+    ("agent/datapath.py", "from drl.agent.gossip import GossipCore\n",
+     "agent/datapath.py:1 imports drl.agent.gossip (the datapath sits below"),
+    ("agent/datapath.py", "def f():\n    from drl.agent import membership\n",
+     "agent/datapath.py:2 imports drl.agent.membership"),
     ("agent/allocators/x.py", "from ..wire import encode\n",
-     "agent/allocators/x.py:1 imports agent.wire (allocators are pure"),
+     "agent/allocators/x.py:1 imports drl.agent.wire (allocators are pure"),
     ("agent/allocators/x.py", "import socket, numpy\n", "agent/allocators/x.py:1 imports numpy"),
-    ("agent/model.py", "from agent.allocators import create\n", "agent/model.py:1 imports agent.allocators"),
+    ("agent/model.py", "from drl.agent.allocators import create\n", "agent/model.py:1 imports drl.agent.allocators"),
     ("sim/x.py", "from bcc import BPF\n", "sim/x.py:1 imports bcc"),
-    ("lab/experiments/x.py", "import sim.engine\n", "lab/experiments/x.py:1 imports sim.engine"),
+    ("lab/experiments/x.py", "import drl.sim.engine\n", "lab/experiments/x.py:1 imports drl.sim.engine"),
 ])
 def test_a_forbidden_import_is_named(tmp_path, path, source, expected):
     for package in ("agent/allocators", "sim", "lab/experiments"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from agent.limits import Limit, LimitBook, LimitBookError
+from drl.agent.limits import Limit, LimitBook, LimitBookError
 
 
 def test_config_value_is_version_0_and_a_changed_file_is_a_new_version():

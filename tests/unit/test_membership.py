@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from agent.gossip import Received
-from agent.membership import Membership, liveness_timeout
-from agent.model import Local, Snapshot, Transfer, effective_limit
-from agent.wire import Batch, ClassValue, Header
+from drl.agent.gossip import Received
+from drl.agent.membership import Membership, liveness_timeout
+from drl.agent.model import Local, Snapshot, Transfer, effective_limit
+from drl.agent.wire import Batch, ClassValue, Header
 
 PEERS = [("10.0.0.2", 7000), ("10.0.0.3", 7000), ("10.0.0.4", 7000)]
 GLOBAL_BPS = 1_200_000.0

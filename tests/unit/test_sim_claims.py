@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.allocators import allocator_class, create
-from agent.allocators.dqmp import accountable
-from agent.allocators.graph import Graph
-from agent.units import parse_rate
-from sim.engine import Setup, Simulation
-from sim.openloop import PoissonDemand
-from sim.quota import QuotaLoops
-from sim.tcp import Flows, TcpFluid
+from drl.agent.allocators import allocator_class, create
+from drl.agent.allocators.dqmp import accountable
+from drl.agent.allocators.graph import Graph
+from drl.agent.units import parse_rate
+from drl.sim.engine import Setup, Simulation
+from drl.sim.openloop import PoissonDemand
+from drl.sim.quota import QuotaLoops
+from drl.sim.tcp import Flows, TcpFluid
 
 L = parse_rate("50mbit")
 

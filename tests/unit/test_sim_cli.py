@@ -5,7 +5,7 @@ import json
 
 from click.testing import CliRunner
 
-from cli.sim import main
+from drl.cli.sim import main
 
 
 def test_list_names_every_reproduction():

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from agent import wire
-from agent.model import Transfer
-from sim.network import Network, Updates
-from sim.views import ViewTable
-from sim.wiretap import IP_UDP_BYTES, KEY, WireTap
+from drl.agent import wire
+from drl.agent.model import Transfer
+from drl.sim.network import Network, Updates
+from drl.sim.views import ViewTable
+from drl.sim.wiretap import IP_UDP_BYTES, KEY, WireTap
 
 
 def _brute_force(table: ViewTable, tick: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +89,7 @@ def test_sizes_are_the_agent_encoders():
     update = wire.Batch((wire.ClassValue(1, 300, 123.0),))
     want = len(wire.encode(wire.Message(h, update), KEY)) + IP_UDP_BYTES
     assert tap.updates_sent(np.array([300])) == want
-    from agent.model import Envelope
+    from drl.agent.model import Envelope
     env = Envelope(Transfer(xfer_id=3, amount=10.0, link_total=10.0), dst="n1")
     body = wire.Message(wire.Header(cluster="sim", node="n0", dst="n1", seq=4, incarnation=tap.incarnation,
                                     sent_at=2.5, class_id=1), env.body)

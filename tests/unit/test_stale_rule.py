@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 
-from agent.gossip import Received
-from agent.membership import Membership, liveness_timeout
-from agent.wire import Batch, ClassValue, Header
-from sim.engine import Setup
-from sim.network import Updates
-from sim.views import ViewTable
+from drl.agent.gossip import Received
+from drl.agent.membership import Membership, liveness_timeout
+from drl.agent.wire import Batch, ClassValue, Header
+from drl.sim.engine import Setup
+from drl.sim.network import Updates
+from drl.sim.views import ViewTable
 
 IDS = ("a", "b", "c", "d")
 # A power of two: tick * interval is exact, so both sides reach the timeout on the same tick.

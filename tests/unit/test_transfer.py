@@ -4,10 +4,10 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.allocators.graph import Graph, GraphError, bfs_levels
-from agent.allocators.transfer import (Ledger, claim_endowments, heir, receive, replace_src, retransmit, send,
+from drl.agent.allocators.graph import Graph, GraphError, bfs_levels
+from drl.agent.allocators.transfer import (Ledger, claim_endowments, heir, receive, replace_src, retransmit, send,
                                        settle, share)
-from agent.model import PeerState, PeerView
+from drl.agent.model import PeerState, PeerView
 
 
 def _view(dead=(), age=100.0, members=("a", "b", "c")):

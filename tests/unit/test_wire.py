@@ -14,8 +14,8 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
-from agent.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassValue, Header, KeyFileError, LimitNote, Message,
+from drl.agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
+from drl.agent.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassValue, Header, KeyFileError, LimitNote, Message,
                         Reason, SeqWindow, decode, encode, load_key)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
