@@ -1,7 +1,7 @@
 """``drl-agent up`` options -> a checked :class:`Config`, before anything is touched.
 
 Everything a user can get wrong is found here and reported as one
-:class:`ConfigError` line: not root, unknown interface, malformed peers or
+:class:`ConfigError` line: missing capabilities, unknown interface, malformed peers or
 class specs, an unreadable key file, allocator parameters out of range.  What
 can only fail when tried (a port in use, the BPF program not loading) fails in
 agent/daemon.py, which still acquires sockets before it attaches anything.
@@ -9,13 +9,12 @@ agent/daemon.py, which still acquires sockets before it attaches anything.
 from __future__ import annotations
 
 import functools
-import os
 import socket
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from drl.agent import abi
+from drl.agent import abi, caps
 from drl.agent.allocators import allocator_class, create
 from drl.agent.allocators.common import ParameterError
 from drl.agent.classes import ClassRule, ClassSpecError, parse_classes
@@ -51,6 +50,7 @@ class ClassConf:
     safe_Bps: float | None            # None = global/N
     ewma: float
     flow_ewma: float
+    shadow: bool = False              # count what the limit would drop, drop nothing (docs/config.md "Shadow mode")
 
     @functools.cached_property
     def key(self) -> int:
@@ -75,6 +75,8 @@ class Config:
     max_classes: int
     state_dir: str
     gossip_mark: int = abi.GOSSIP_MARK       # SO_MARK of the gossip socket, exempt from policing (agent/abi.py)
+    metrics: HostPort | None = None          # --metrics: serve Prometheus /metrics there (agent/metrics.py)
+    log_format: str = "logfmt"               # --log-format: logfmt or json lines on stderr (agent/logs.py)
     reload: Callable[[], tuple[ClassConf, ...]] | None = None   # re-reads --config; raises ConfigError
 
     @property
@@ -118,7 +120,8 @@ def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] |
         failsafe_s=max(FAILSAFE_MIN_S, FAILSAFE_INTERVALS * interval_s),
         sample_probability=_sample_probability(opts, confs), max_flows=opts["max_flows"],
         max_classes=opts["max_classes"], state_dir=opts["state_dir"],
-        gossip_mark=_gossip_mark(opts.get("gossip_mark")))
+        gossip_mark=_gossip_mark(opts.get("gossip_mark")), metrics=_metrics(opts.get("metrics")),
+        log_format=opts.get("log_format") or "logfmt")
 
 
 def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]], peers: tuple[Peer, ...],
@@ -147,7 +150,8 @@ def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...]) -> Class
     except ConfigError as e:
         raise ConfigError(f"{where}{e}") from None
     return ClassConf(name=c["name"], global_Bps=c["global_Bps"], allocator=allocator, rules=rules,
-                     burst_bytes=c["burst_bytes"], safe_Bps=c["safe_Bps"], ewma=c["ewma"], flow_ewma=c["flow_ewma"])
+                     burst_bytes=c["burst_bytes"], safe_Bps=c["safe_Bps"], ewma=c["ewma"], flow_ewma=c["flow_ewma"],
+                     shadow=bool(c.get("shadow")))
 
 
 def _sample_probability(opts: Mapping[str, Any], classes: tuple[ClassConf, ...]) -> float:
@@ -166,9 +170,20 @@ def _gossip_mark(mark: int | None) -> int:
     return mark
 
 
+def _metrics(text: str | None) -> HostPort | None:
+    if not text:
+        return None
+    try:
+        return parse_hostport(text)
+    except AddressError as e:
+        raise ConfigError(f"--metrics: {e}") from None
+
+
 def _check_host(iface: str) -> None:
-    if os.geteuid() != 0:
-        raise ConfigError("drl-agent must run as root (it loads BPF and changes tc on the interface)")
+    lacking = caps.missing()      # not "root?": a unit grants a dedicated user just these (docs/service.md)
+    if lacking:
+        raise ConfigError(f"missing capabilities {', '.join(lacking)} "
+                          "(run as root or grant them: see docs/service.md)")
     try:
         socket.if_nametoindex(iface)
     except OSError:

@@ -22,20 +22,19 @@ process stops ticking (hung, killed -9) the datapath falls back to the safe
 rate after ``failsafe_s`` (bpf/limiter.c).  Startup acquires the sockets
 before it attaches, and every exit path detaches: nothing stays on the
 interface after an error.  Logs are one line per state change (start, peer
-alive/stale, mode, allocator warnings, limit changes, reloads, stop), in
-key=value form.
+alive/stale, mode, allocator warnings, limit changes, reloads, stop), as
+logfmt or JSON (agent/logs.py; docs/logs.md lists the events).
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import dataclasses
+import gc
 import json
-import logging
 import selectors
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -45,17 +44,21 @@ from drl.agent.config import Config, ConfigError
 from drl.agent.control import ControlError, ControlServer
 from drl.agent.datapath import Counters, Datapath, DatapathError, now_ns
 from drl.agent.gossip import Outgoing, Received, cycle_rounds, new_incarnation
+from drl.agent import logs
 from drl.agent.limits import Limit, LimitBook, LimitBookError
 from drl.agent.membership import Membership
+from drl.agent.metrics import Board, DropTally, MetricsError, MetricsServer, TickStats, drop_reason
 from drl.agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
+from drl.agent.notify import Notifier
 from drl.agent.tenants import ClassRun, ClassTable, StateFileError
 from drl.agent.transport import Standalone, TransportError, UdpTransport
-from drl.agent.units import format_rate, parse_rate, to_bps, UnitError
+from drl.agent.units import parse_rate, to_bps, UnitError
 from drl.agent.wire import Batch, LimitNote
 
-log = logging.getLogger("drl.agent")
+log = logs.get_logger("drl.agent")
 
 CLUSTER = "drl"     # one cluster per key; the header field keeps two keyed clusters apart on one port
+GC_YOUNG_THRESHOLD = 20_000     # allocations between young collections (Python's default: 700)
 
 
 class StartupError(Exception):
@@ -64,19 +67,30 @@ class StartupError(Exception):
 
 def run(config: Config) -> int:
     """Run the agent until SIGTERM/SIGINT or `drl-agent down`; the process exit code."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s drl-agent %(message)s")
+    logs.setup(config.log_format)
     # Until the loop runs, SIGTERM unwinds like Ctrl-C, so whatever startup attached is detached.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         agent = Agent(config)
     except StartupError as e:
-        print(f"Error: {e}", file=sys.stderr)
+        log.error("startup_failed", error=str(e))
         return 1
     except KeyboardInterrupt:
-        log.info("event=stopped_during_startup")
+        log.info("stopped_during_startup")
         return 1
     with agent:
+        _tune_gc()
         return agent.serve()
+
+
+def _tune_gc() -> None:
+    """A tick at 1,000 classes allocates ~15,000 short-lived objects over a heap of
+    long-lived per-class state; with the default thresholds (700, 10, 10) the collector
+    ran ~60 times a second and took 10 % of a core (bench/agent_cost.py).  The loop makes
+    few reference cycles, so collect the young generation 30x less often, and freeze what
+    startup made (bcc, the program, every class) out of the full collections."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
 
 
 def udp_transport(cfg: Config) -> UdpTransport | Standalone:
@@ -109,7 +123,8 @@ class Agent:
         self._stack = contextlib.ExitStack()
         try:
             self._acquire(transport, datapath)
-        except (ControlError, TransportError, DatapathError, StateFileError, LimitBookError, ValueError) as e:
+        except (ControlError, TransportError, MetricsError, DatapathError, StateFileError, LimitBookError,
+                ValueError) as e:
             self._stack.close()
             raise StartupError(str(e)) from None
         except BaseException:
@@ -118,7 +133,11 @@ class Agent:
         self.stopping = False
         self.started = time.monotonic()
         self.ticks = 0
+        self.notify = Notifier.from_env()    # systemd Type=notify (agent/notify.py); a no-op without NOTIFY_SOCKET
+        self._stack.callback(self.notify.close)
         self._facts: dict[str, Any] = {}
+        self.tick_stats = TickStats()
+        self._drops: dict[str, tuple[ClassRun, DropTally]] = {}    # by class name; a new run starts over
 
     def _acquire(self, transport: Callable[[Config], Any], datapath: Callable[[Config, int | None], Any]) -> None:
         """Sockets, state and BPF, in the order that leaves nothing attached if one fails."""
@@ -127,6 +146,10 @@ class Agent:
         self._stack.callback(self.control.close)
         self.transport = transport(cfg)
         self._stack.callback(self.transport.close)
+        # a scrape (metrics thread) waits at most a few intervals for the next tick's status
+        self.board = Board(timeout_s=min(5.0, max(1.0, 2 * cfg.interval_s)))
+        if cfg.metrics is not None:
+            self._stack.callback(MetricsServer(cfg.metrics, self.board).close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
         # a peer's last config write is at most two gossip cycles (and a tick) after the last
         # datagram we had from it: the slack of the stale rule (Membership.may_still_pass)
@@ -153,22 +176,21 @@ class Agent:
     def __exit__(self, *exc) -> None:
         try:
             self._stack.close()
-            log.info("event=stopped iface=%s detached=yes", self.cfg.iface)
+            log.info("stopped", iface=self.cfg.iface, detached=True)
         except DatapathError as e:
-            log.error("event=stop_failed error=%r", str(e))
+            log.error("stop_failed", iface=self.cfg.iface, error=str(e))
 
     # -- the loop ---------------------------------------------------------------------------
 
     def serve(self) -> int:
         cfg = self.cfg
         first = next(iter(self.table))
-        log.info("event=started node=%s iface=%s classes=%d allocator=%s global=%s peers=%d listen=%s "
-                 "interval_ms=%g auth=%s", cfg.node_id, cfg.iface, len(self.table), first.conf.allocator.name,
-                 _quoted(format_rate(self.book.get(first.name).global_Bps)), len(cfg.peers),
-                 _listen(self.transport.address) or "none", cfg.interval_s * 1000,
-                 "hmac-sha256" if cfg.key else "none")
+        log.info("started", node=cfg.node_id, iface=cfg.iface, classes=len(self.table),
+                 allocator=first.conf.allocator.name, global_bps=round(to_bps(self.book.get(first.name).global_Bps)),
+                 peers=len(cfg.peers), listen=_listen(self.transport.address), interval_ms=cfg.interval_s * 1000,
+                 auth="hmac-sha256" if cfg.key else "none")
         if cfg.standalone:
-            log.info("event=standalone gossip=off reason=no_peers")
+            log.info("standalone", gossip="off", reason="no_peers")
         sel, wakeup = self._selector()
         next_tick = time.monotonic()
         try:
@@ -176,17 +198,38 @@ class Agent:
                 now = time.monotonic()
                 if now >= next_tick:
                     self.tick(now)
+                    self._notify_progress()
+                    done = time.monotonic()
+                    self.tick_stats.observe(done - now, overran=done > next_tick + cfg.interval_s)
+                    if self.board.wanted:     # a scrape waits for this tick's state (agent/metrics.py)
+                        self.board.publish(self.status())
                     # a late tick is not made up: the next one is a whole interval away
                     next_tick = max(next_tick + cfg.interval_s, now + cfg.interval_s / 2)
                 for key, _ in sel.select(max(0.0, next_tick - time.monotonic())):
                     key.data()
         except DatapathError as e:
-            log.error("event=datapath_error error=%r", str(e))
+            log.error("datapath_error", error=str(e))
             return 1
         finally:
+            self.notify.stopping()
             sel.close()
             wakeup.close()
         return 0
+
+    def _notify_progress(self) -> None:
+        """systemd: READY=1 after the first tick (the filter is attached and the loop runs);
+        watchdog beats only from completed ticks, so a loop stuck anywhere stops them."""
+        if self.ticks == 1:
+            self.notify.ready()
+        self.notify.watchdog(time.monotonic())
+
+    def _reload_notified(self) -> dict:
+        """reload() between RELOADING=1 and READY=1: `systemctl reload` waits for it to end."""
+        self.notify.reloading()
+        try:
+            return self.reload()
+        finally:
+            self.notify.ready()
 
     def _selector(self) -> tuple[selectors.BaseSelector, socket.socket]:
         sel = selectors.DefaultSelector()
@@ -206,14 +249,14 @@ class Agent:
 
     def _on_signal(self, signum, frame) -> None:
         if signum != signal.SIGHUP:
-            log.info("event=signal name=%s", signal.Signals(signum).name)
+            log.info("signal", name=signal.Signals(signum).name)
             self.stopping = True
 
     def _signalled(self, rx: socket.socket) -> None:
         """The signal pipe: a SIGHUP reloads here, in the loop, never inside a tick."""
         if signal.SIGHUP in rx.recv(64):
-            log.info("event=signal name=SIGHUP")
-            self.reload()
+            log.info("signal", name="SIGHUP")
+            self._reload_notified()
 
     def receive(self) -> None:
         """Hand every datagram that arrived to membership, point-to-point ones to their
@@ -235,8 +278,8 @@ class Agent:
                 continue
             heard = Limit(note.version, note.global_Bps)
             if self.book.merge(run.name, heard):
-                log.info("event=limit_changed class=%s global=%s version=%d from=%s", run.name,
-                         _quoted(format_rate(note.global_Bps)), note.version, rx.header.node)
+                log.info("limit_changed", class_=run.name, global_bps=round(to_bps(note.global_Bps)),
+                         version=note.version, from_=rx.header.node)
                 changed = True
             elif heard < self.book.get(run.name):     # e.g. the same version from a file that differs
                 self._announce(run, rx.addr)
@@ -257,10 +300,10 @@ class Agent:
     def _serve_control(self) -> None:
         self.control.handle_one({"status": lambda req: {"ok": True, "status": self.status()},
                                  "down": self._down, "set": self.set_limit,
-                                 "reload": lambda req: self.reload()})
+                                 "reload": lambda req: self._reload_notified()})
 
     def _down(self, req: dict) -> dict:
-        log.info("event=down_requested")
+        log.info("down_requested")
         self.stopping = True
         return {"ok": True}
 
@@ -276,8 +319,8 @@ class Agent:
         limit = self.book.set(run.name, rate)
         self.book.save()
         self._announce(run)
-        log.info("event=limit_changed class=%s global=%s version=%d from=drlctl", run.name,
-                 _quoted(format_rate(rate)), limit.version)
+        log.info("limit_changed", class_=run.name, global_bps=round(to_bps(rate)), version=limit.version,
+                 from_="drlctl")
         return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate), "limit_version": limit.version}
 
     def reload(self) -> dict:
@@ -289,14 +332,15 @@ class Agent:
             confs = self.cfg.reload()
             changes = self.table.apply(confs, self._member_ids(), self.cfg.n_nodes)
         except (ConfigError, ClassifyError, ValueError) as e:
-            log.error("event=reload_failed error=%r", str(e))
+            log.error("reload_failed", error=str(e))
             return {"ok": False, "error": str(e)}
         for run in self.table:
             if run.name in changes.changed or run.name in changes.added:
                 self._announce(run)
         self.cfg = dataclasses.replace(self.cfg, classes=confs)
-        log.info("event=reloaded classes=%d added=%s changed=%s removed=%s", len(self.table),
-                 *(_quoted(",".join(names)) for names in (changes.added, changes.changed, changes.removed)))
+        self._drops = {name: v for name, v in self._drops.items() if self.table.get(name) is not None}
+        log.info("reloaded", classes=len(self.table), added=list(changes.added), changed=list(changes.changed),
+                 removed=list(changes.removed))
         return {"ok": True, **dataclasses.asdict(changes)}
 
     # -- the tick ---------------------------------------------------------------------------
@@ -333,6 +377,7 @@ class Agent:
             run.statefile.save(run.state)   # before the outbox: a restored node sent nothing it forgot
         for env in step.outbox:
             self.transport.send(env, run.conf.key, now)
+        self._count_drops(run, counters)
         run.last = (snap, step, counters)
         d = step.decision
         may_pass = _local_limit(d, local)
@@ -340,10 +385,19 @@ class Agent:
             may_pass = max(may_pass, SLOW_START_Bps)
         return Outgoing(d.publish, limit.version, active=local.demand_Bps > 0, local_Bps=may_pass)
 
+    def _count_drops(self, run: ClassRun, counters: Counters) -> None:
+        """The drops since the last tick, under the reason of the decision then in force."""
+        owner, tally = self._drops.get(run.name, (None, None))
+        if owner is not run:         # a new class, or one removed and added again: a fresh slot
+            tally = DropTally()
+            self._drops[run.name] = (run, tally)
+        if (counters.dropped_bytes, counters.dropped_packets) != tally.seen:     # most ticks drop nothing new
+            tally.add(counters.dropped_bytes, counters.dropped_packets, drop_reason(run.last and run.last[1].decision))
+
     def _enforce(self, run: ClassRun, d: Decision, safe_Bps: float) -> None:
         self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=run.conf.burst_bytes,
                           drop_probability=d.drop_probability, safe_rate_Bps=safe_Bps,
-                          timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes)
+                          timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes, shadow=run.conf.shadow)
 
     def _safe_rate(self, run: ClassRun, limit: Limit) -> float:
         return run.conf.safe_Bps if run.conf.safe_Bps is not None else limit.global_Bps / self.cfg.n_nodes
@@ -353,14 +407,16 @@ class Agent:
         facts = {f"peer {p['node_id']} ({p['address']})": p["state"] for p in self.members.status(now)}
         for what, value in facts.items():
             if what in self._facts and self._facts[what] != value:
-                log.info("event=change what=%s now=%s", _quoted(what), value)
+                log.info("change", what=what, now=value)
         self._facts = facts
         for run in self.table:
             d = run.last[1].decision
-            said = (d.mode.name.lower(), d.info.get("warning"))
-            for what, before, now_ in zip(("mode", "warning"), run.said or said, said):
-                if before != now_:
-                    log.info("event=change class=%s what=%s now=%s", run.name, what, _quoted(str(now_)))
+            said = (d.mode, d.info.get("warning"))
+            if said != run.said and run.said is not None:     # the common case, once per class: equal
+                for what, before, now_ in zip(("mode", "warning"), run.said, said):
+                    if before != now_:
+                        log.info("change", class_=run.name, what=what,
+                                 now=now_.name.lower() if what == "mode" else now_)
             run.said = said
 
     # -- status -----------------------------------------------------------------------------
@@ -376,7 +432,7 @@ class Agent:
                "uptime_s": now - self.started, "ticks": self.ticks, "listen": _listen(self.transport.address),
                "standalone": cfg.standalone, "authenticated": cfg.key is not None,
                "gossip": self.transport.stats.as_dict(now), "peers": self.members.status(now),
-               "datapath": self.dp.attachment}
+               "datapath": dict(self.dp.attachment), "tick": self.tick_stats.as_dict()}
         out.update({k: v for k, v in first.items() if k != "name"})
         out["classes"] = classes
         return out
@@ -394,13 +450,21 @@ class Agent:
             "global_limit_bps": to_bps(limit.global_Bps), "limit_version": limit.version,
             "effective_limit_bps": to_bps(effective_limit(snap) if snap else limit.global_Bps),
             "local_limit_bps": to_bps(_local_limit(d, local)), "safe_rate_bps": to_bps(self._safe_rate(run, limit)),
-            "mode": d.mode.name.lower(), "drop_probability": d.drop_probability,
+            "mode": d.mode.name.lower(), "shadow": run.conf.shadow, "drop_probability": d.drop_probability,
             "demand_bps": to_bps(local.demand_Bps), "rate_bps": to_bps(local.sent_Bps),
             "flows": len(local.flow_rates_Bps), "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
             "passed_bytes": c.passed_bytes, "passed_packets": c.passed_packets,
             "dropped_bytes": c.dropped_bytes, "dropped_packets": c.dropped_packets,
+            **self._drops_by_reason(run),
             "quota_bytes_left": d.quota_bytes, "gossip_lost": self.members.class_lost[run.conf.key],
             "allocator_state": _allocator_state(d.info)}
+
+
+    def _drops_by_reason(self, run: ClassRun) -> dict:
+        owner, tally = self._drops.get(run.name, (None, None))
+        if owner is not run:
+            tally = DropTally()
+        return {"dropped_bytes_by_reason": dict(tally.bytes), "dropped_packets_by_reason": dict(tally.packets)}
 
 
 def _local_limit(d: Decision, local: Local) -> float:
@@ -414,13 +478,6 @@ def _local_limit(d: Decision, local: Local) -> float:
 
 def _listen(address) -> str | None:
     return None if address is None else "%s:%d" % address[:2]
-
-
-def _quoted(text: str) -> str:
-    """A logfmt value: quoted when it holds a space, a quote or an equals sign."""
-    if text and not any(ch in text for ch in ' "=\\'):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _allocator_state(info: Any) -> Any:

@@ -41,7 +41,7 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 * ``attachment``: ``{"state": "attached"|"failed"|"detached", "reattached": N,
   "error": None|str}`` for the agent's status.
 * ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
-  safe_rate_Bps=None, timeout_s=None, quota_bytes=None)``: one write, stamped
+  safe_rate_Bps=None, timeout_s=None, quota_bytes=None, shadow=False)``: one write, stamped
   with ``now_ns()``.  Until a class is set it passes everything.
 * ``set_sample_probability(p)``: chance that a new flow enters the flow table.
 * ``read_counters(class_ids=None) -> dict[int, Counters]`` (None: the classes the
@@ -54,10 +54,11 @@ Every failure a user can cause raises :class:`DatapathError` with one line.
 """
 from __future__ import annotations
 
+import array
 import contextlib
 import ctypes as ct
+import errno
 import ipaddress
-import logging
 import os
 import socket
 import struct
@@ -65,21 +66,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
 from drl.agent.model import Mode, SLOW_START_Bps
-from drl.agent import abi, lock
+from drl.agent import abi, caps, lock, logs
 from drl.agent.classes import ClassRule
 from drl.agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
 
 try:
     from bcc import BPF
+    from bcc.libbcc import lib
 except ImportError:  # reported by Datapath() as a DatapathError
-    BPF = None
+    BPF = lib = None
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 FILTER_PRIO = 0xD1       # our filter's identity at clsact egress: prio + handle + name
@@ -98,15 +100,16 @@ FLOOR_RATE_Bps = SLOW_START_Bps   # a bucket never refills slower (FPS slow star
 
 
 _MODES = frozenset(Mode)
-log = logging.getLogger("drl.agent")
+log = logs.get_logger("drl.agent")
 
 
 class DatapathError(RuntimeError):
     """The datapath cannot be set up or used; the message is one line."""
 
 
-@dataclass(frozen=True)
-class Counters:
+# Counters and FlowSample are NamedTuples: immutable like the frozen dataclasses, at a third
+# of the cost to make (one per class and one per flow, every tick).
+class Counters(NamedTuple):
     passed_bytes: int = 0
     passed_packets: int = 0
     dropped_bytes: int = 0
@@ -123,8 +126,7 @@ class FlowKey:
     dport: int
 
 
-@dataclass(frozen=True)
-class FlowSample:
+class FlowSample(NamedTuple):
     key: FlowKey
     class_id: int
     bytes: int           # passed the limiter
@@ -162,7 +164,9 @@ class Datapath:
         self._floor_rate_Bps = floor_rate_Bps
         self._quota_seq = 0
         self._flow_keys: dict[bytes, FlowKey] = {}
-        self._pending: dict | None = None          # set_class writes collected by batch()
+        self._pending: dict | None = None          # inside batch(): class id -> its slot in _staged
+        self._staged = None                         # batch()'s key and value arrays, made once
+        self._counter_bufs = None                   # read_counters' batch lookup arrays, made once
         self._rules = EMPTY
         gossip_port, gossip_mark = _gossip_exemption(gossip_port, gossip_mark)
         self._lock = self._bpf = None
@@ -247,13 +251,13 @@ class Datapath:
             self.attach()
         except DatapathError as e:
             if self._attach_error != str(e):
-                log.error("event=reattach_failed iface=%s error=%r", self.iface, str(e))
+                log.error("reattach_failed", iface=self.iface, error=str(e))
             self._attach_error = str(e)
             self._attached = False
             return False
         self._attach_error = None
         self._reattached += 1
-        log.warning("event=reattached iface=%s times=%d reason=filter_missing", self.iface, self._reattached)
+        log.warning("reattached", iface=self.iface, times=self._reattached, reason="filter_missing")
         return True
 
     @property
@@ -287,18 +291,19 @@ class Datapath:
 
     def set_class(self, class_id: int, mode: Mode, rate_Bps: float = 0, burst_bytes: int | None = None,
                   drop_probability: float = 0.0, safe_rate_Bps: float | None = None,
-                  timeout_s: float | None = None, quota_bytes: int | None = None) -> None:
+                  timeout_s: float | None = None, quota_bytes: int | None = None, shadow: bool = False) -> None:
         """Write a class's config in one map update, stamped with now_ns().
 
         burst_bytes None = default_burst(rate_Bps).  After timeout_s without a
         new set_class the kernel enforces safe_rate_Bps (None = no limit).
         quota_bytes: bytes the class may pass from now on (every call with a
-        number restarts the allowance); None = no quota.
+        number restarts the allowance); None = no quota.  shadow: what the
+        policy refuses is counted as dropped but passes (bpf/limiter.c refuse).
         """
         self._check_class(class_id)
         if rate_Bps < 0 or not 0.0 <= drop_probability <= 1.0:
             raise DatapathError(f"class {class_id}: rate must be >= 0 and drop probability in [0, 1]")
-        cfg = self._bpf[b"config"].Leaf()
+        cfg = self._config_slot(class_id)
         if mode not in _MODES:
             raise DatapathError(f"class {class_id}: mode {mode!r} is not one of {sorted(_MODES)}")
         cfg.mode = int(mode)
@@ -309,14 +314,27 @@ class Datapath:
         cfg.safe_burst_bytes = default_burst(safe_rate_Bps or 0)
         cfg.timeout_ns = 0 if not timeout_s else int(timeout_s * 1e9)
         cfg.floor_rate_Bps = self._floor_rate_Bps
+        cfg.shadow = int(shadow)
         if quota_bytes is not None:
             self._quota_seq = self._quota_seq % (2**32 - 1) + 1   # never 0: 0 means no quota
             cfg.quota_seq, cfg.quota_bytes = self._quota_seq, int(quota_bytes)
         cfg.updated_ns = now_ns()
-        if self._pending is not None:
-            self._pending[class_id] = cfg
-        else:
+        if self._pending is None:
             self._bpf[b"config"][ct.c_int(class_id)] = cfg
+
+    def _config_slot(self, class_id: int):
+        """A zeroed config for set_class to fill: inside batch(), the class's slot of the
+        batch's own key and value arrays (written in place, no copy), else a new Leaf."""
+        table = self._bpf[b"config"]
+        if self._pending is None:
+            return table.Leaf()
+        if self._staged is None:
+            self._staged = ((ct.c_int * self.max_classes)(), (table.Leaf * self.max_classes)())
+        keys, values = self._staged
+        slot = self._pending.setdefault(class_id, len(self._pending))
+        keys[slot] = class_id
+        ct.memset(ct.byref(values, slot * ct.sizeof(table.Leaf)), 0, ct.sizeof(table.Leaf))
+        return values[slot]
 
     @contextlib.contextmanager
     def batch(self):
@@ -326,11 +344,10 @@ class Datapath:
         try:
             yield self
         finally:
-            pending, self._pending = self._pending, None
-            if pending:
-                table = self._bpf[b"config"]
-                table.items_update_batch((ct.c_int * len(pending))(*pending),
-                                         (table.Leaf * len(pending))(*pending.values()))
+            n, self._pending = len(self._pending), None
+            if n:
+                table, (keys, values) = self._bpf[b"config"], self._staged
+                table.items_update_batch((ct.c_int * n).from_buffer(keys), (table.Leaf * n).from_buffer(values))
 
     def set_sample_probability(self, p: float) -> None:
         """Chance that a packet of an untracked flow adds it to the flow table (FPS's resampleprob)."""
@@ -407,7 +424,13 @@ class Datapath:
         table = self._bpf[b"counters"]
         if len(wanted) <= self.max_classes // 10:
             return {i: _sum_cpus(table[ct.c_int(i)]) for i in sorted(wanted)}
-        return {k: _sum_cpus(v) for k, v in table.items_lookup_batch() if k in wanted}
+        columns = _summed_columns(table, self._counter_buffers(table), max(wanted) + 1)
+        return {i: Counters(*(column[i] for column in columns)) for i in wanted}
+
+    def _counter_buffers(self, table):
+        if self._counter_bufs is None:
+            self._counter_bufs = ((table.Key * self.max_classes)(), (table.Leaf * self.max_classes)())
+        return self._counter_bufs
 
     def read_bypass(self) -> Counters:
         """Packets no class matched, exempt ones and non-IP (passed_* only)."""
@@ -557,10 +580,9 @@ def _egress_prog_id(sock: socket.socket, ifindex: int) -> int | None:
 def _check_privileges() -> None:
     if BPF is None:
         raise DatapathError("bcc is not installed (Debian/Ubuntu: apt install python3-bpfcc)")
-    # CAP_NET_ADMIN (12) attaches the filter; CAP_BPF (39) or CAP_SYS_ADMIN (21) loads it.
-    caps = int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")), 16)
-    if not caps >> 12 & 1 or not (caps >> 39 & 1 or caps >> 21 & 1):
-        raise DatapathError("loading the datapath needs root (CAP_BPF and CAP_NET_ADMIN)")
+    lacking = caps.missing()
+    if lacking:
+        raise DatapathError(f"loading the datapath needs {', '.join(lacking)} (root has them; docs/service.md)")
 
 
 def _open_link(iface: str, netns: str | None) -> tuple[IPRoute, socket.socket, int]:
@@ -595,11 +617,49 @@ def _compile(max_flows: int, max_classes: int, drop_action: int):
             raise DatapathError(f"{name} {value} is not in 1..{1 << 24}")
     cflags = [f"-I{BPF_DIR}", *abi.cflags(MAX_FLOWS=max_flows, MAX_CLASSES=max_classes, DROP_ACTION=drop_action)]
     try:
-        return BPF(src_file=str(BPF_DIR / "limiter.c").encode(), cflags=cflags)
+        # bcc looks for "limiter.h" in the working directory before -I: compile from bpf/, so a
+        # stray limiter.h where the agent was started is never the one compiled.
+        with contextlib.chdir(BPF_DIR):
+            return BPF(src_file=str(BPF_DIR / "limiter.c").encode(), cflags=cflags)
     except Exception as e:  # bcc raises bare Exception; clang's messages went to stderr
         headers = f"/lib/modules/{os.uname().release}/build"
         raise DatapathError(f"cannot compile {BPF_DIR / 'limiter.c'} ({str(e).splitlines()[0]}); "
                             f"kernel headers tried: {headers}") from None
+
+
+def _lookup_batch(table, keys, values, limit: int) -> int:
+    """Up to ``limit`` entries of ``table`` into the caller's ``keys`` and ``values`` arrays
+    (kept across ticks: bcc's items_lookup_batch allocates both at the map's full size and
+    yields entry by entry); how many.  A hash map may take several calls."""
+    total, token = 0, ct.c_uint32(0)
+    while total < limit:
+        count = ct.c_uint32(limit - total)
+        res = lib.bpf_lookup_batch(table.map_fd, ct.byref(token) if total else None, ct.byref(token),
+                                   ct.byref(keys, ct.sizeof(table.Key) * total),
+                                   ct.byref(values, ct.sizeof(table.Leaf) * total), ct.byref(count))
+        total += count.value
+        if res:
+            if ct.get_errno() != errno.ENOENT:     # ENOENT: the map ended: done
+                raise DatapathError(f"reading a BPF map failed: {os.strerror(ct.get_errno())}")
+            break
+        if not count.value:
+            break
+    return total
+
+
+def _summed_columns(table, buffers, n: int) -> list[list[int]]:
+    """Class ids 0..n-1's counters summed over CPUs, one list per Counters field, indexed
+    by class id: one batch lookup of the per-CPU array's first n entries, the sums done by
+    map/zip in C (a Counters per class and CPU through ctypes cost ~3 ms a tick at 1,000
+    classes; this ~0.6 ms)."""
+    keys, values = buffers
+    _lookup_batch(table, keys, values, n)
+    words = array.array("Q", ct.string_at(values, n * ct.sizeof(table.Leaf)))
+    per_cpu, cpus = ct.sizeof(table.sLeaf) // 8, table.total_cpu
+    stride = per_cpu * cpus
+    offsets = [getattr(table.sLeaf, name).offset // 8 for name in Counters._fields]
+    return [list(map(sum, zip(*(words[off + cpu * per_cpu::stride] for cpu in range(cpus)))))
+            for off in offsets]
 
 
 def _sum_cpus(per_cpu) -> Counters:

@@ -1,4 +1,4 @@
-"""Counters -> rates: the estimation step of 000_efbf5459a9d12355.txt §3.1.
+"""Counters -> rates: the estimation step of [Raghavan07] §3.1.
 
 Every estimate interval the daemon hands the class's cumulative counters and
 the flow table to :meth:`Estimator.update`, which returns the

@@ -14,7 +14,7 @@ from typing import Iterable
 
 
 def jain(values: Iterable[float]) -> float:
-    """(sum x)^2 / (k sum x^2), 000 §4.1 and 003 eq. (16): 1 when all k members get the
+    """(sum x)^2 / (k sum x^2), [Raghavan07] §4.1 and [Stanojevic09] eq. (16): 1 when all k members get the
     same, 1/k when one gets everything.
 
     NaN values (a simulated node that is down) are left out.  Empty or all-zero input
@@ -22,5 +22,8 @@ def jain(values: Iterable[float]) -> float:
     """
     xs = [float(v) for v in values]
     xs = [x for x in xs if x == x]
-    squares = sum(x * x for x in xs)
-    return sum(xs) ** 2 / (len(xs) * squares) if squares > 0 else 1.0
+    top = max(xs, default=0.0)
+    if top <= 0.0:
+        return 1.0
+    xs = [x / top for x in xs]       # the index ignores scale; squares of tiny rates would underflow
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))

@@ -17,7 +17,7 @@ placeholder ``?host:port``, stale.  Any accepted datagram (a
 Batch of values, an empty one as a heartbeat, a point-to-point message) is a
 sign of life; membership is per agent, values are per class.
 
-The stale policy is the paper's conservative one (000_efbf5459a9d12355.txt §5.6):
+The stale policy is the paper's conservative one ([Raghavan07] §5.6):
 a peer not heard from for ``timeout_s`` counts with value 0 and is left out of
 ``n_alive``, so ``effective_limit`` (agent/model.py) drops the global limit by 1/N for
 it; when it is heard again it counts again.  A restarted peer (another

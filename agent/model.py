@@ -17,7 +17,7 @@ from typing import Any, Mapping, Protocol, Union
 from drl.agent import abi
 
 
-# FPS slow start (000_efbf5459a9d12355.txt end of §3.2.2): 10 full frames a
+# FPS slow start ([Raghavan07] end of §3.2.2): 10 full frames a
 # second (TCP's initial window) still pass a token bucket set below that rate
 # (bpf/limiter.c police; agent/datapath.py writes it to every class config).
 SLOW_START_Bps = 10 * 1514
@@ -52,7 +52,7 @@ class PeerState:
 class PeerView:
     """What membership + gossip know of the other nodes, with the stale policy applied.
 
-    A stale peer's value counts as zero (000_efbf5459a9d12355.txt §5.6), and
+    A stale peer's value counts as zero ([Raghavan07] §5.6), and
     what its datapath may still pass is kept out of the limit the alive nodes
     share (``reserved_Bps``, see effective_limit).
     """
@@ -76,7 +76,7 @@ class Transfer:
     """Move ``amount`` of an allocator's resource (rate in B/s, or quota bytes) from src to dst.
 
     ``link_total`` is the sender's link counter: everything it has ever moved to
-    dst, so a receiver can rebuild lost state (001_73ef86042f3cd4bf.txt link counters).
+    dst, so a receiver can rebuild lost state ([Behl12] link counters).
     """
     xfer_id: int
     amount: float
@@ -159,7 +159,7 @@ class Allocator(Protocol):
 def effective_limit(snap: Snapshot) -> float:
     """What this node and the alive peers may pass together: the global limit less what the
     stale peers' datapaths may still pass (agent/membership.py), or, without that, less
-    1/N for every stale peer (000_efbf5459a9d12355.txt §5.6; the simulator's rule)."""
+    1/N for every stale peer ([Raghavan07] §5.6; the simulator's rule)."""
     view = snap.view
     if view.reserved_Bps is not None:
         return max(0.0, snap.global_Bps - view.reserved_Bps)

@@ -14,7 +14,6 @@ share before its rules are installed, so it is policed from its first packet.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Iterator
 from drl.agent.classes import ClassRule
 from drl.agent.classify import compile_rules
 from drl.agent.estimator import Estimator
+from drl.agent import logs
 from drl.agent.limits import LimitBook
 from drl.agent.model import Mode, Snapshot, Step
 
 if TYPE_CHECKING:
     from drl.agent.config import ClassConf
 
-log = logging.getLogger("drl.agent")
+log = logs.get_logger("drl.agent")
 
 
 @dataclass
@@ -108,7 +108,9 @@ class ClassTable:
             state = conf.allocator.initial_state(self.node_id, members)
         self.dp.reset_class(class_id)
         # policed from its first packet: the static 1/N share until its allocator's first tick
-        self.dp.set_class(class_id, Mode.BUCKET, rate_Bps=limit.global_Bps / n_nodes, burst_bytes=conf.burst_bytes)
+        # (a shadow class only counts, from its first packet too)
+        self.dp.set_class(class_id, Mode.BUCKET, rate_Bps=limit.global_Bps / n_nodes, burst_bytes=conf.burst_bytes,
+                          shadow=conf.shadow)
         self._runs[conf.name] = ClassRun(conf, class_id, state, Estimator(conf.ewma, conf.flow_ewma), statefile)
 
     def _change(self, run: ClassRun, conf: "ClassConf", members: tuple[str, ...]) -> None:
@@ -118,6 +120,8 @@ class ClassTable:
             run.state = conf.allocator.initial_state(self.node_id, members)
         if (conf.ewma, conf.flow_ewma) != (run.conf.ewma, run.conf.flow_ewma):
             run.estimator = Estimator(conf.ewma, conf.flow_ewma)
+        # shadow on or off is nothing more: the next tick writes it with the rest of the
+        # config; bucket, counters and allocator state carry on
         run.conf = conf
 
     def _order(self, confs: tuple["ClassConf", ...]) -> None:
@@ -165,7 +169,7 @@ class StateFile:
         except (KeyError, TypeError, ValueError) as e:
             raise StateFileError(f"state file {self.path} does not hold {self.alloc.name} state ({e}); "
                                  "remove it to start afresh") from None
-        log.info("event=state_restored file=%s", self.path)
+        log.info("state_restored", allocator=self.alloc.name, file=self.path)
         return state
 
     def save(self, state: Any) -> None:

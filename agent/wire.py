@@ -25,15 +25,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hmac
-import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Union
+from typing import NamedTuple, Union
 
 from google.protobuf.message import DecodeError
 
-from . import drl_pb2
+from . import drl_pb2, logs
 from .model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
 VERSION = 2               # 2: every class's value in a Batch (1: one Update datagram per class)
@@ -41,7 +40,7 @@ TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
 MIN_KEY_BYTES = 16
 
-log = logging.getLogger("drl.wire")
+log = logs.get_logger("drl.wire")
 
 
 class Reason(str, enum.Enum):
@@ -73,9 +72,9 @@ class Header:
     version: int = VERSION
 
 
-@dataclass(frozen=True, slots=True)
-class ClassValue:
-    """One class's published value in a :class:`Batch`; ``seq`` runs per (link, class)."""
+class ClassValue(NamedTuple):
+    """One class's published value in a :class:`Batch`; ``seq`` runs per (link, class).
+    A NamedTuple: one per class and target every round, a third of a frozen dataclass's cost."""
     key: int
     seq: int
     value: float
@@ -256,7 +255,7 @@ class SeqWindow:
 
     ``accept(seq)`` returns None for a replay (seen, or left of the window), else the
     change in the count of lost datagrams: the gap jumped over when ``seq`` is the
-    newest yet (000_efbf5459a9d12355.txt §4.2: the sequence number tells the
+    newest yet ([Raghavan07] §4.2: the sequence number tells the
     receiver an update was lost), -1 when a datagram counted lost arrives late,
     0 otherwise.  The first seq seen starts the window: nothing before it is lost
     or accepted.
@@ -308,5 +307,5 @@ def load_key(path: str | os.PathLike) -> bytes:
     if len(key) < MIN_KEY_BYTES:
         raise KeyFileError(f"key file {path} holds {len(key)} bytes; need at least {MIN_KEY_BYTES}")
     if mode & 0o004:
-        log.warning("key file %s is readable by every user; chmod 600 it", path)
+        log.warning("key_file_readable", file=path, reason="readable by every user", fix="chmod 600")
     return key

@@ -4,7 +4,7 @@
     sudo .venv/bin/python bench/fps.py --duration 20 --intervals 100ms --ewmas 0.1
 
 Every cell runs the lab's `baseline` (2 limiters, 10 Mbit/s, 3:7 TCP flows,
-000_efbf5459a9d12355.txt §5.1) once with FPS at that interval and EWMA and
+[Raghavan07] §5.1) once with FPS at that interval and EWMA and
 once with CTB (one bucket on the router every flow crosses), back to back, and
 reports utilization (delivered / limit, L2 bytes at the sink) and Jain's index
 over the 10 flows as FPS over CTB ratios measured side by side.

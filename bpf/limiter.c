@@ -292,7 +292,7 @@ static __always_inline struct policy policy_of(const struct class_config *c, __u
 
 	/* Fail-safe: the agent stopped refreshing the config, so its decision is
 	 * stale; enforce the safe rate by ourselves (the lease of
-	 * 002_0c321af71fa102a7.txt, "safe" policy). */
+	 * [RLDesign], "safe" policy). */
 	if (c->timeout_ns && now > c->updated_ns + c->timeout_ns) {
 		p.mode = c->safe_rate_Bps == UNLIMITED ? MODE_PASS : MODE_BUCKET;
 		p.rate = c->safe_rate_Bps;
@@ -300,7 +300,7 @@ static __always_inline struct policy policy_of(const struct class_config *c, __u
 	}
 	/* FPS slow start: a bucket slower than floor_rate_Bps (0 included)
 	 * still lets that many bytes per second through, so a new flow's SYN and
-	 * first packets get out (000_efbf5459a9d12355.txt end of §3.2.2), and
+	 * first packets get out ([Raghavan07] end of §3.2.2), and
 	 * so does a starved flow's retransmission: at a few bytes per second
 	 * every retransmission would be dropped and TCP would back off for good. */
 	if (p.mode == MODE_BUCKET && p.rate < c->floor_rate_Bps) {
@@ -325,23 +325,44 @@ static __always_inline int take(struct bucket *b, const struct class_config *c, 
 	return ok;
 }
 
-/* 1 to pass the packet, 0 to drop it. */
-static __always_inline int police(__u32 class_id, __u64 len, __u64 now)
+/* police's verdicts, __u64 like the registers (an int verdict is zero-extended
+ * before every compare: 11 more instructions).  WOULD_DROP: refused, but the
+ * class is in shadow mode. */
+#define VERDICT_DROP 0
+#define VERDICT_PASS 1
+#define VERDICT_WOULD_DROP 2
+
+/* A packet the policy refuses: dropped, or for a shadow class (an operator
+ * trying a limit out, config.shadow) counted as dropped and passed anyway.
+ * It is counted as enforcement would count it (dropped, not passed; its flow
+ * gets no bytes), so the agent's signals (demand = passed + dropped, sent =
+ * passed, FPS's flow shares) are those enforcement would give for the same
+ * arrivals, and it took no tokens, as a drop takes none (take_tokens): the
+ * bucket refuses exactly what enforcement would drop.  The flag sits in the
+ * config already loaded and is read on this path only: a passed packet pays
+ * nothing for it. */
+static __always_inline __u64 refuse(const struct class_config *c)
+{
+	return c->shadow ? VERDICT_WOULD_DROP : VERDICT_DROP;
+}
+
+/* VERDICT_*: what becomes of the packet. */
+static __always_inline __u64 police(__u32 class_id, __u64 len, __u64 now)
 {
 	struct class_config *c = config.lookup(&class_id);
 	struct bucket *b = buckets.lookup(&class_id);
 	struct policy p;
 
 	if (!c || !b)
-		return 1;
+		return VERDICT_PASS;
 	p = policy_of(c, now);
 	/* GRD: drop with the probability the allocator computed
-	 * (000_efbf5459a9d12355.txt Fig. 1, lines 4-6). */
+	 * ([Raghavan07] Fig. 1, lines 4-6). */
 	if (p.mode == MODE_DROP && (__u64)bpf_get_prandom_u32() < c->drop_prob)
-		return 0;
+		return refuse(c);
 	if (p.mode != MODE_BUCKET && !c->quota_seq)
-		return 1;  /* nothing to take: skip the lock */
-	return take(b, c, &p, len, now);
+		return VERDICT_PASS;  /* nothing to take: skip the lock */
+	return take(b, c, &p, len, now) ? VERDICT_PASS : refuse(c);
 }
 
 static __always_inline void count(struct counters *ctr, __u64 len, int passed)
@@ -366,7 +387,7 @@ static __always_inline int bypass(__u64 len)
 	return TC_ACT_OK;
 }
 
-/* FPS-HANDLE-PACKET line 1 (000_efbf5459a9d12355.txt Fig. 2): a new flow
+/* FPS-HANDLE-PACKET line 1 ([Raghavan07] Fig. 2): a new flow
  * joins the sample set with probability sample_prob; a tracked flow is
  * updated on every packet (bytes that passed). */
 static __always_inline void sample_flow(const struct settings *s, struct flow_key *k, __u32 class_id,
@@ -400,7 +421,7 @@ int drl_egress(struct __sk_buff *skb)
 	__u64 len = wire_bytes(skb), now;
 	struct settings *s = settings.lookup(&zero);
 	__s64 found;
-	int passed;
+	__u64 verdict;
 
 	if (!s)
 		return TC_ACT_OK;
@@ -411,8 +432,8 @@ int drl_egress(struct __sk_buff *skb)
 		return bypass(len);
 	class_id = found;
 	now = bpf_ktime_get_ns();
-	passed = police(class_id, len, now);
-	count(counters.lookup(&class_id), len, passed);
-	sample_flow(s, &key, class_id, len, passed, now);
-	return passed ? TC_ACT_OK : DROP_ACTION;
+	verdict = police(class_id, len, now);
+	count(counters.lookup(&class_id), len, verdict == VERDICT_PASS);
+	sample_flow(s, &key, class_id, len, verdict == VERDICT_PASS, now);
+	return verdict == VERDICT_DROP ? DROP_ACTION : TC_ACT_OK;
 }

@@ -47,7 +47,7 @@
 #error "UNLIMITED comes from agent/abi.py"
 #endif
 /* Mode of a class (agent/model.py Mode): MODE_PASS counts only, MODE_BUCKET
- * is a token bucket at rate_Bps (GTB/FPS, 000_efbf5459a9d12355.txt §3.2),
+ * is a token bucket at rate_Bps (GTB/FPS, [Raghavan07] §3.2),
  * MODE_DROP drops at random with drop_prob (GRD, same paper, Fig. 1). */
 #if !defined(MODE_PASS) || !defined(MODE_BUCKET) || !defined(MODE_DROP)
 #error "MODE_* come from agent/abi.py"
@@ -134,6 +134,8 @@ struct class_config {
 	__u64 quota_bytes;         /* byte allowance, loaded when quota_seq changes */
 	__u32 quota_seq;           /* 0 = no quota; agent/datapath.py bumps it on every new allowance */
 	__u32 mode;                /* MODE_* */
+	__u32 shadow;              /* 1 = a would-be drop is counted as dropped but passed (limiter.c refuse) */
+	__u32 pad0;
 };
 
 /* buckets[class_id]: token bucket state, written only by the program under

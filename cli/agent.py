@@ -21,6 +21,7 @@ from click.core import ParameterSource
 from drl.agent.abi import GOSSIP_MARK
 from drl.agent.allocators import names as allocator_names
 from drl.agent.control import DEFAULT_SOCKET, ControlError, request
+from drl.agent import logs
 from drl.cli import configfile
 from drl.cli.params import DURATION, PROBABILITY, QUOTA, RATE, SIZE, version_option
 
@@ -86,11 +87,18 @@ def main() -> None:
 @click.option("--lease-servers", default="", help="lease: node ids that serve leases [default: the lowest node id].")
 @click.option("--on-lease-loss", type=click.Choice(["pessimistic", "optimistic", "safe"]), default="safe", show_default=True,
               help="lease: what a client enforces when it cannot renew.")
+@click.option("--shadow", is_flag=True,
+              help="Shadow mode for every class: count what the limits would drop (dropped_*), drop nothing "
+                   "(per class: shadow = true in --config; docs/config.md).")
 @click.option("--state-dir", default="/var/lib/drl", show_default=True,
               help="Where allocators that must survive a restart keep their state (dqmp).")
 @click.option("--gossip-mark", type=MARK, default=f"{GOSSIP_MARK:#x}", show_default=True,
               help="Socket mark of the gossip socket: only UDP from --listen's port with this mark skips the "
                    "limiter. Pick one no firewall or ip rule on the host uses.")
+@click.option("--log-format", type=click.Choice(logs.FORMATS), default="logfmt", show_default=True,
+              help="Log lines on stderr: logfmt or JSON, one event per line, same keys (docs/logs.md).")
+@click.option("--metrics", metavar="HOST:PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md) [default: off].")
 @click.pass_context
 def up(ctx: click.Context, config: str | None, **opts) -> None:
     """Attach the limiter to IFACE and run in the foreground until SIGTERM/SIGINT.
@@ -107,6 +115,7 @@ def up(ctx: click.Context, config: str | None, **opts) -> None:
 
     explicit = {name for name in opts
                 if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    logs.setup(opts["log_format"])      # loading the config can warn (the key file); run() applies the file's
     try:
         cfg = load_config(config, opts, explicit)
     except ConfigError as e:

@@ -6,6 +6,7 @@ Examples:
     drlctl --socket /run/drl/eth0.sock status --json
     drlctl classes
     drlctl set gold --global 100mbit
+    drlctl top
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import click
 from drl.agent.control import DEFAULT_SOCKET, ControlError, request
 from drl.agent.units import UnitError, format_rate, format_size, parse_rate
 from drl.cli.params import version_option
+from drl.cli.top import top
 
 
 @click.group(context_settings={"auto_envvar_prefix": "DRL", "help_option_names": ["-h", "--help"]})
@@ -91,14 +93,15 @@ CLASS_COLUMNS = (("CLASS", "name", str), ("ALLOCATOR", "allocator", str),
                  ("GLOBAL", "global_limit_bps", "rate"), ("EFFECTIVE", "effective_limit_bps", "rate"),
                  ("LOCAL", "local_limit_bps", "rate"), ("DEMAND", "demand_bps", "rate"),
                  ("DROP P", "drop_probability", "{:.3f}".format), ("PASSED", "passed_bytes", format_size),
-                 ("DROPPED", "dropped_bytes", format_size), ("VERSION", "limit_version", str))
+                 ("DROPPED", "dropped_bytes", format_size), ("VERSION", "limit_version", str),
+                 ("SHADOW", "shadow", lambda on: "yes" if on else ""))   # DROPPED: would have dropped
 
 
 def render_classes(rows: list[dict]) -> str:
     """The classes as an aligned table."""
     fmt = {"rate": lambda bps: format_rate(bps / 8)}
     cells = [[title for title, _, _ in CLASS_COLUMNS]]
-    cells += [[fmt.get(f, f)(row[key]) for _, key, f in CLASS_COLUMNS] for row in rows]
+    cells += [[fmt.get(f, f)(row.get(key)) for _, key, f in CLASS_COLUMNS] for row in rows]   # get: older agents
     widths = [max(len(r[i]) for r in cells) for i in range(len(CLASS_COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
@@ -113,7 +116,8 @@ def render(st: dict) -> str:
         f"local       {rate('local_limit_bps')}   mode {st['mode']}   drop probability {st['drop_probability']:.3f}",
         f"measured    demand {rate('demand_bps')}   sent {rate('rate_bps')}   flows {st['flows']}",
         f"passed      {format_size(st['passed_bytes'])} in {st['passed_packets']} packets",
-        f"dropped     {format_size(st['dropped_bytes'])} in {st['dropped_packets']} packets",
+        f"dropped     {format_size(st['dropped_bytes'])} in {st['dropped_packets']} packets"
+        + ("  (shadow mode: would have dropped; nothing was)" if st.get("shadow") else ""),
     ]
     g = st["gossip"]
     lines.append(f"gossip      sent {g['sent']}  received {g['received']}  lost {g['lost']}  "
@@ -126,3 +130,6 @@ def render(st: dict) -> str:
     for key, value in sorted(st.get("allocator_state", {}).items()):
         lines.append(f"  {st['allocator']}.{key} = {value}")
     return "\n".join(lines)
+
+
+main.add_command(top)

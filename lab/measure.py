@@ -45,7 +45,7 @@ class SplitRun:
 
 
 def three_to_seven(lab: Lab, a1: Agent, a2: Agent, sink: Host, poll_s: float) -> SplitRun:
-    """000 §5.1: 3 cubic flows leave a1's host, 7 leave a2's, for 38 s towards
+    """[Raghavan07] §5.1: 3 cubic flows leave a1's host, 7 leave a2's, for 38 s towards
     ``sink``; after 6 s of warm-up the local limits are read every ``poll_s``
     for 30 s (the kernel test and bench/split.py)."""
     limits = []

@@ -1,4 +1,4 @@
-"""The metrics of 000_efbf5459a9d12355.txt §4.1, on series sampled every ``dt`` seconds.
+"""The metrics of [Raghavan07] §4.1, on series sampled every ``dt`` seconds.
 
     >>> within(9.6, 10.0)
     True

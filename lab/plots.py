@@ -3,7 +3,7 @@
     draw_all(json.load(open("results/baseline/result.json")), exp, Path("results/baseline"))
 
 * ``timeseries.png``: delivered rate per limiter and in aggregate, 1-s means,
-  one panel per allocator (000_efbf5459a9d12355.txt Fig. 3, 6, 7, 9);
+  one panel per allocator ([Raghavan07] Fig. 3, 6, 7, 9);
 * ``utilization.png``: histograms of aggregate/limit over 100 ms and 1 s (Fig. 4);
 * ``flows.png``: each flow's mean rate, grouped by limiter;
 * ``qq.png``: Q-Q plot of Jain's index against CTB when runs were repeated (Fig. 5).

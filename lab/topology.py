@@ -34,7 +34,7 @@ Experiments (``plan``):
 
 The CTB reference (``central=True``) builds the same network but puts ONE
 bucket where all flows meet: the egress of the sink's only neighbour toward
-the sink (000_efbf5459a9d12355.txt §5.1, "a centralized token-bucket limiter
+the sink ([Raghavan07] §5.1, "a centralized token-bucket limiter
 servicing all 10 flows").
 
 Code topologies (``pair``, ``star``; kernel tests and benchmarks):

@@ -4,7 +4,7 @@
     python -m drl.lab.web fetch --server 10.1.1.1:5300 --arrivals 15 --mean-size 20000 \\
         --duration 60 --out web.json
 
-iperf3 cannot do this, and §5.3 of 000_efbf5459a9d12355.txt needs it: requests
+iperf3 cannot do this, and §5.3 of [Raghavan07] needs it: requests
 arrive as a Poisson process (mean ``--arrivals`` per second), each fetches one
 object over its own TCP connection (HTTP/1.0 style, ``GET /<bytes>``), object
 sizes are Pareto (shape ``--shape``, mean ``--mean-size``, capped at
@@ -27,7 +27,7 @@ GRACE_S = 2.0  # transfers still running this long after --duration are cut off
 
 
 def pareto_size(rng: random.Random, mean: int, shape: float, cap: int) -> int:
-    """Pareto with the given mean: x_m = mean (a - 1) / a (000_efbf5459a9d12355.txt §5.3's heavy tail)."""
+    """Pareto with the given mean: x_m = mean (a - 1) / a ([Raghavan07] §5.3's heavy tail)."""
     x_m = mean * (shape - 1) / shape
     return max(1, min(cap, int(x_m * rng.paretovariate(shape))))
 

@@ -18,12 +18,18 @@ say() { printf 'setup: %s\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "setup: must run as root (apt-get, kernel headers)" >&2; exit 1; }
 
 APT_PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-pip iproute2 iperf3 ethtool procps kmod nftables)
+# systemd: systemd-analyze verify of systemd/*.service; util-linux: setpriv and unshare, which
+# run the agent as the unit does (tests/kernel/test_service.py)
+APT_PKGS+=(systemd util-linux)
+# prometheus: /usr/bin/prometheus and promtool for tests/kernel/test_prometheus.py and
+# tests/unit/test_metrics.py (installed below without its recommends: node-exporter, snmp, ...)
 # vagrant is only used to `vagrant validate` the Vagrantfile; skip with DRL_NO_VAGRANT=1
 [ "${DRL_NO_VAGRANT:-0}" = 1 ] || APT_PKGS+=(vagrant)
 say "installing Debian packages: ${APT_PKGS[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq "${APT_PKGS[@]}" >/dev/null
+apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 
 kver=$(uname -r)
 mod=/lib/modules/$kver

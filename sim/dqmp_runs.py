@@ -1,10 +1,10 @@
 """``drl-sim run dqmp-crash`` / ``dqmp-1000``: DQMP under constant demand/release loops,
-with a quarter of the nodes crashing (001_73ef86042f3cd4bf.txt §5.1 Fig. 10, §5.2).
+with a quarter of the nodes crashing ([Behl12] §5.1 Fig. 10, §5.2).
 
     drl-sim run dqmp-crash --out out/dqmp        # 100 nodes, 25 crash
     drl-sim run dqmp-1000 --out out/dqmp1000     # 1,000 nodes, 25 crash (shorter run)
 
-Setup after 001 §5: 50 MB of quota injected per node (the paper: 50,000
+Setup after [Behl12] §5: 50 MB of quota injected per node (the paper: 50,000
 units), at most 6 neighbours, every node running the demand loop of
 sim.quota with its bound b chosen so that the whole cluster would use half
 of the quota in the run.  One tick = one balancing round of 10 ms (the
@@ -13,7 +13,7 @@ never the quota manager, crash a third into the run.
 
 Measured: the share of requests served by the local grant at once (paper:
 "almost all"), the response-time distribution (at tick resolution), and the
-conservation check of 001 §4.3: free + unreported consumed + in-flight quota
+conservation check of [Behl12] §4.3: free + unreported consumed + in-flight quota
 over the surviving nodes, plus what the crashed nodes had granted but not yet
 reported, equals the injected quota exactly.
 """
@@ -29,8 +29,8 @@ from .experiments import Options
 from .plots import Line, Panel, save
 from .quota import QuotaLoops
 
-SUMMARY = {"dqmp-crash": "001 Fig. 10: DQMP, 100 nodes, demand/release loops, 25 % crash",
-           "dqmp-1000": "001 §5.2: DQMP, 1,000 nodes, demand/release loops, 25 % crash"}
+SUMMARY = {"dqmp-crash": "[Behl12] Fig. 10: DQMP, 100 nodes, demand/release loops, 25 % crash",
+           "dqmp-1000": "[Behl12] §5.2: DQMP, 1,000 nodes, demand/release loops, 25 % crash"}
 DEFAULT_LIMITERS = {"dqmp-crash": 100, "dqmp-1000": 1000}
 RUN_S = {"dqmp-crash": 8.0, "dqmp-1000": 1.5}
 INTERVAL_S = 0.010
@@ -48,7 +48,7 @@ def run(opts: Options) -> dict:
     demand = QuotaLoops(n, max_Bps=PER_NODE_BYTES / run_s, rng=np.random.default_rng([opts.seed, n]))
     setup = Setup(allocator="dqmp", n_nodes=n, global_Bps=0.0, params=params, interval_s=INTERVAL_S,
                   delay_s=0.0005, graph=create("dqmp", **params)._topology(n), seed=opts.seed,
-                  estimator_ewma=0.0)   # 001's grants follow each request; no smoothing in the paper
+                  estimator_ewma=0.0)   # [Behl12]'s grants follow each request; no smoothing in the paper
     sim = Simulation(setup, demand)
     ticks = round(run_s / INTERVAL_S)
     crash_tick = ticks // 3

@@ -59,11 +59,11 @@ class Setup:
     n_nodes: int
     global_Bps: float
     params: dict = field(default_factory=dict)     # allocator parameters, as for create()
-    interval_s: float = 0.05                        # 000 §5.1: 50 ms estimate interval
-    branching: int = 3                              # peers gossiped to per interval (000 §5.6)
+    interval_s: float = 0.05                        # [Raghavan07] §5.1: 50 ms estimate interval
+    branching: int = 3                              # peers gossiped to per interval ([Raghavan07] §5.6)
     graph: Graph | None = None                      # gossip only along its edges (GDRL, DQMP)
     loss: float = 0.0
-    delay_s: float = 0.02                           # one way; 000 §5.6: 40 ms inter-limiter RTT
+    delay_s: float = 0.02                           # one way; [Raghavan07] §5.6: 40 ms inter-limiter RTT
     jitter_s: float = 0.0
     stale_s: float | None = None                    # None: agent.membership.liveness_timeout
     estimator_ewma: float = 0.1                     # per second, agent.estimator.Estimator's default

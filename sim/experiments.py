@@ -19,10 +19,10 @@ from pathlib import Path
 from .progress import Progress
 
 _REGISTRY = {
-    "scale": "drl.sim.scale",              # 000 Fig. 8
-    "gdrl-graphs": "drl.sim.gdrl_graphs",  # 003 Fig. 7
-    "dqmp-crash": "drl.sim.dqmp_runs",     # 001 Fig. 10
-    "dqmp-1000": "drl.sim.dqmp_runs",      # 001 §5.2, 1,000 nodes
+    "scale": "drl.sim.scale",              # [Raghavan07] Fig. 8
+    "gdrl-graphs": "drl.sim.gdrl_graphs",  # [Stanojevic09] Fig. 7
+    "dqmp-crash": "drl.sim.dqmp_runs",     # [Behl12] Fig. 10
+    "dqmp-1000": "drl.sim.dqmp_runs",      # [Behl12] §5.2, 1,000 nodes
 }
 
 

@@ -1,8 +1,8 @@
-"""``drl-sim run gdrl-graphs``: GDRL on random d-regular graphs (003 §III-C, Fig. 7).
+"""``drl-sim run gdrl-graphs``: GDRL on random d-regular graphs ([Stanojevic09] §III-C, Fig. 7).
 
     drl-sim run gdrl-graphs --limiters 1000 --out out/gdrl
 
-003_a7088eba09f2b2d3.txt §III: N limiters, each an M/M/1 queue fed by
+[Stanojevic09] §III: N limiters, each an M/M/1 queue fed by
 Poisson arrivals of intensity lambda_i = i/(N+1) (here times 2 MB/s), the
 aggregate service rate C 10 % above the load ("load at 90 %"), the indicator
 spare bandwidth q_i = lambda_i - C_i (eq. 14), eta = 1/(2d) (eq. 15), random
@@ -23,7 +23,7 @@ from .openloop import PoissonDemand
 from .plots import Line, Panel, save
 from .trace import jain
 
-SUMMARY = {"gdrl-graphs": "003 Fig. 7: GDRL JFI(q) on random d-regular graphs, N=10/100/1000, d=2/4/8"}
+SUMMARY = {"gdrl-graphs": "[Stanojevic09] Fig. 7: GDRL JFI(q) on random d-regular graphs, N=10/100/1000, d=2/4/8"}
 DEFAULT_LIMITERS = {"gdrl-graphs": 1000}
 SIZES = (10, 100, 1000)
 DEGREES = (2, 4, 8)
@@ -61,7 +61,7 @@ def run(opts: Options) -> dict:
     panels = [Panel(f"N = {n}", "tick (1 s)", "JFI(q)",
                     [Line(f"d = {r['degree']}", range(TICKS), r["jfi"], "-") for r in rows if r["limiters"] == n])
               for n in sorted({r["limiters"] for r in rows})]
-    save(opts.out / "fig7_gdrl.png", "GDRL on random d-regular graphs, 003 Fig. 7 (simulated)", panels)
+    save(opts.out / "fig7_gdrl.png", "GDRL on random d-regular graphs, [Stanojevic09] Fig. 7 (simulated)", panels)
     return {"params": {"ticks": TICKS, "interval_s": INTERVAL_S, "load": LOAD, "peak_Bps": PEAK_Bps},
             "rows": rows,
             "claims": {"paper": "JFI(q) converges close to 1 for every N and d; with eta = 1/(2d) the "

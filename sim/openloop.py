@@ -1,9 +1,9 @@
-"""Open-loop Poisson demand: packets arrive whatever the limiter does (003 §III).
+"""Open-loop Poisson demand: packets arrive whatever the limiter does ([Stanojevic09] §III).
 
     demand = PoissonDemand(rates_Bps=np.array([...]), rng=rng)    # or a function t -> rates
     demand.advance(now_s, interval_s, enforce, alive)
 
-003_a7088eba09f2b2d3.txt §III-A: "Limiter i receives packets arriving
+[Stanojevic09] §III-A: "Limiter i receives packets arriving
 according to a Poisson process with intensity lambda_i", served at C_i (an
 M/M/1 queue).  Arrivals do not react to the limit, so the estimator's demand
 (passed + dropped) is an estimate of lambda_i, from which GDRL's spare-bandwidth

@@ -1,6 +1,6 @@
 """PNG figures for the reproductions (matplotlib, Agg backend: no display needed).
 
-    save(out / "fig8.png", "Scaling (000 Fig. 8)", [
+    save(out / "fig8.png", "Scaling ([Raghavan07] Fig. 8)", [
         Panel("delivered", "limiters", "Mbit/s", [Line("FPS br=3", xs, ys)], hline=50.0),
     ])
 """

@@ -1,10 +1,10 @@
-"""Quota demand/release loops for DQMP (001_73ef86042f3cd4bf.txt §5.1 "Crashes of Nodes").
+"""Quota demand/release loops for DQMP ([Behl12] §5.1 "Crashes of Nodes").
 
     demand = QuotaLoops(n_nodes=100, max_Bps=6.25e6, rng=rng)
     demand.advance(now_s, interval_s, enforce, alive)    # sends what the allowance permits
     demand.waits_s                                        # how long each unmet demand waited
 
-001 §5.1: each node "adds a randomly chosen delta d, with -10,000 <= d <=
+[Behl12] §5.1: each node "adds a randomly chosen delta d, with -10,000 <= d <=
 +10,000, to its previous quota demand", bounded by b, issues the request,
 waits until it is fulfilled, then sleeps 25-75 ms.  Here a node's demand is a
 sending rate that takes such a step (delta uniform in +-20 % of the bound b =

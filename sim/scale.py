@@ -1,8 +1,8 @@
-"""``drl-sim run scale``: FPS with up to 490 limiters and branching 1..7 (000 §5.6, Fig. 8).
+"""``drl-sim run scale``: FPS with up to 490 limiters and branching 1..7 ([Raghavan07] §5.6, Fig. 8).
 
     drl-sim run scale --limiters 490 --out out/scale
 
-000_efbf5459a9d12355.txt §5.6: a 50 Mbit/s global limit, 40 ms flow and
+[Raghavan07] §5.6: a 50 Mbit/s global limit, 40 ms flow and
 inter-limiter RTTs, "the number of flows arriving at each limiter chosen
 uniformly at random from 0 to 5" (the same flows for the same N), gossip
 branching factor br = 1..7.  Measured per (allocator, N, br): the delivered
@@ -30,7 +30,7 @@ from .plots import Line, Panel, save
 from .tcp import Flows, TcpFluid
 from .trace import jain
 
-SUMMARY = {"scale": "000 Fig. 8: FPS at 10..490 limiters, br 1..7, vs GRD and CTB (50 Mbit/s)"}
+SUMMARY = {"scale": "[Raghavan07] Fig. 8: FPS at 10..490 limiters, br 1..7, vs GRD and CTB (50 Mbit/s)"}
 DEFAULT_LIMITERS = {"scale": 490}
 SIZES = (10, 50, 100, 250, 490)
 BRANCHING = tuple(range(1, 8))
@@ -117,4 +117,4 @@ def plot(rows: list[dict], opts: Options) -> None:
             lines += [Line("GRD br=3", *series("grd", 3, key, scale), "--s"),
                       Line("CTB (one bucket)", *series("ctb", 0, key, scale), ":k^")]
         panels.append(Panel(title, "limiters", unit, lines, hline=ref))
-    save(opts.out / "fig8_scale.png", "Scaling, 000 Fig. 8 (simulated)", panels)
+    save(opts.out / "fig8_scale.png", "Scaling, [Raghavan07] Fig. 8 (simulated)", panels)

@@ -5,14 +5,14 @@
     tcp.advance(now_s, interval_s, enforce, alive)         # one estimate interval
     tcp.counters(0), tcp.flow_records(0, now_s)            # what agent/estimator.py reads
 
-Each flow's rate follows AIMD once per RTT (000_efbf5459a9d12355.txt §5 uses
+Each flow's rate follows AIMD once per RTT ([Raghavan07] §5 uses
 TCP New Reno): slow start doubles it per RTT, congestion avoidance adds one
 MSS per RTT, and a loss event halves it (at most once per RTT, as New Reno
 recovers a window's losses together).  The window never drops below one
 segment: a loss at a window under two segments is a retransmission timeout,
 the flow falls silent for the RTO (200 ms, doubling on each consecutive one)
 and resumes at one segment per RTT.  That floor is what TCP does when the
-fair share is below a packet per RTT (1249 flows on 50 Mbit/s in 000 §5.6:
+fair share is below a packet per RTT (1249 flows on 50 Mbit/s in [Raghavan07] §5.6:
 about 40 kbit/s each, a third of a 1448-byte segment per 40 ms RTT), and it
 is why random drop (GRD) loses its grip there while a token bucket (FPS)
 does not.  A flow can be bottlenecked upstream

@@ -3,7 +3,7 @@
     trace = sim.run(600)
     trace.delivered_Bps[-100:].mean()       # aggregate forwarded rate over the last 100 ticks
     trace.limits[k]                         # every node's local limit at tick k (NaN = down)
-    jain(trace.published[k])                # e.g. 003's JFI(q(t))
+    jain(trace.published[k])                # e.g. [Stanojevic09]'s JFI(q(t))
 
 Per-node series are float32 (T x N): 600 ticks of 10,000 nodes are 24 MB each.
 """

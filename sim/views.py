@@ -11,7 +11,7 @@ kept incrementally (O(messages) per tick, not O(N^2)), so an allocator that
 only reads the sums costs O(1) per node; ``view.peers`` is a lazy Mapping that
 builds a PeerState only for the entries the allocator looks at.
 
-Stale policy as agent.membership applies it (000_efbf5459a9d12355.txt §5.6):
+Stale policy as agent.membership applies it ([Raghavan07] §5.6):
 a peer heard ``stale_ticks`` or more ticks ago is not alive and its value
 counts zero; any accepted datagram (``touch``) is a sign of life.
 An update older than the newest one seen from the same sender (reordered by

@@ -8,7 +8,7 @@
 
 Sizes: every datagram is ``agent.wire.encode`` output (protobuf + 32-byte
 HMAC-SHA256 tag) plus 28 bytes of IPv4 + UDP header, the way
-000_efbf5459a9d12355.txt §3.1 counts its "48-byte" updates.  A protobuf's size
+[Raghavan07] §3.1 counts its "48-byte" updates.  A protobuf's size
 depends only on which fields are non-default and on the varint lengths, so the
 size of a node's update (a Batch holding its one class, whose per-class seq
 equals the link's) is encoded once per seq varint length and cached: exact,

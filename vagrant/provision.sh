@@ -8,7 +8,18 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 apt-get install -qy python3-venv python3-bpfcc iperf3 ethtool iproute2 "linux-headers-$(uname -r)"
 [ -d /opt/drl ] || python3 -m venv --system-site-packages /opt/drl
+# The core install (no extra): the agent, drlctl, and drl.lab.web for the web
+# traffic, which needs only the standard library; numpy and matplotlib
+# (drl[lab], drl[sim]) serve the lab's metrics and plots, which VMs do not run.
+# /drl is an rsync copy: drop a build/ synced from the host so no stale file
+# reaches the install.
+rm -rf /drl/build
 /opt/drl/bin/pip install -q /drl
+# sudo's secure_path has /usr/local/bin; login shells get the venv's python3
+# for the traffic commands (python3 -m drl.lab.web ...).
+ln -sf /opt/drl/bin/drl-agent /opt/drl/bin/drlctl /usr/local/bin/
+echo 'PATH=/opt/drl/bin:$PATH' > /etc/profile.d/drl.sh
+install -d /var/tmp/drl
 install -d -m 0700 /etc/drl
 install -m 0600 /drl/vagrant/.vagrant/drl-cluster.key /etc/drl/cluster.key
 
@@ -65,7 +76,8 @@ printf '%s\n' "${DRL_SERVERS}" | while IFS= read -r cmd; do
 Description=drl lab traffic server ${i}
 
 [Service]
-WorkingDirectory=/drl
+WorkingDirectory=/var/tmp/drl
+Environment=PATH=/opt/drl/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ExecStart=/usr/bin/env ${cmd}
 Restart=always
 

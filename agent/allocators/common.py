@@ -34,7 +34,7 @@ def check_range(name: str, value: float, low: float, high: float, *,
 
 
 def peer_view(members: Iterable[str], peers: Iterable[PeerState]) -> PeerView:
-    """A PeerView from the peers' states with the stale policy of 000_efbf5459a9d12355.txt
+    """A PeerView from the peers' states with the stale policy of [Raghavan07]
     §5.6 applied: a stale peer's value counts zero in ``remote_sum``.
 
     For callers that hold one PeerState per peer (the daemon's membership
@@ -49,7 +49,7 @@ def peer_view(members: Iterable[str], peers: Iterable[PeerState]) -> PeerView:
 def drop_probability(demand_Bps: float, limit_Bps: float) -> float:
     """Share of arrivals to drop so that ``demand`` is cut to ``limit``.
 
-    GRD-HANDLE-PACKET lines 3-4, 000_efbf5459a9d12355.txt Fig. 1: dropping
+    GRD-HANDLE-PACKET lines 3-4, [Raghavan07] Fig. 1: dropping
     (demand - limit) / demand of every packet forwards demand * (1 - p) = limit.
     """
     if demand_Bps <= limit_Bps or demand_Bps <= 0.0:
@@ -60,7 +60,7 @@ def drop_probability(demand_Bps: float, limit_Bps: float) -> float:
 def kept_share(ewma_per_s: float, elapsed_s: float) -> float:
     """The EWMA weight kept from the past over ``elapsed_s`` for a per-second parameter.
 
-    000_efbf5459a9d12355.txt §5.1 and footnote 4 quote a "1-second EWMA
+    [Raghavan07] §5.1 and footnote 4 quote a "1-second EWMA
     parameter" of 0.1: after one second 10 % of the old value is left.  Keeping
     ``ewma_per_s ** elapsed_s`` every tick gives exactly that whatever the
     estimate interval, so changing the interval does not change the smoothing.

@@ -3,7 +3,7 @@
     >>> from agent.allocators import create
     >>> alloc = create("ctb")
 
-000_efbf5459a9d12355.txt §3 and §5.1: one token bucket at the global rate
+[Raghavan07] §3 and §5.1: one token bucket at the global rate
 through which *all* flows pass.  Run it on a single limiter that every flow
 crosses (the lab's central topology); on N independent hosts it would let
 N x global through, which is the point of every other allocator.  No

@@ -1,20 +1,20 @@
 """DQMP: a global byte volume quota (e.g. ``--quota 10TB/30d``) whose free part
-diffuses between neighbours (001_73ef86042f3cd4bf.txt, Behl, Distler, Kapitza).
+diffuses between neighbours ([Behl12]).
 
     >>> from agent.allocators import create
     >>> alloc = create("dqmp", quota_bytes=10 * 10**12, period_s=30 * 86400.0)
     >>> state = alloc.initial_state("n1", ("n1", "n2", "n3"))
 
 * Quota manager: the lowest member id (or ``manager``) starts with the whole
-  quota; everyone else starts empty and diffusion spreads it (001 §4.2
+  quota; everyone else starts empty and diffusion spreads it ([Behl12] §4.2
   "Quota Balancing").  It is the root of the level tree (levels = hops from
-  it over live nodes, uplink = a neighbour one level up, 001 Fig. 3/4).
+  it over live nodes, uplink = a neighbour one level up, [Behl12] Fig. 3/4).
 * Local grant: each tick the node tops its datapath allowance
   (``Decision.quota_bytes``) up to ``grant_ticks`` ticks of demand out of its
-  free quota, with no message (001 §5.1: local grants < 0.2 ms).  Granted
+  free quota, with no message ([Behl12] §5.1: local grants < 0.2 ms).  Granted
   bytes count as consumed.
 * Balancing: a node richer than a neighbour by more than ``unit_bytes`` gives
-  it ceil((q_i - q_j)/2) (001 §4.1), neighbours one after the other with the
+  it ceil((q_i - q_j)/2) ([Behl12] §4.1), neighbours one after the other with the
   free quota left (Fig. 5), one transfer in flight per link (a balance is one
   round trip, §4.2).  Smaller differences move with probability
   ``migrate_p`` (probabilistic migration, §4.1) so no gradient stays stuck.
@@ -74,7 +74,7 @@ class Dqmp:
     period_s: float = 30 * 86400.0
     manager: str = ""              # "": the lowest member id
     graph: str = "regular"
-    degree: int = 6                # 001 §5: at most 6 neighbours
+    degree: int = 6                # [Behl12] §5: at most 6 neighbours
     seed: int = 0
     unit_bytes: int = 1_000_000    # differences up to one unit are not balanced
     migrate_p: float = 0.1
@@ -177,9 +177,9 @@ class Dqmp:
     def _move(self, free: int, peer_free: float, st: DqmpState, peer: str) -> int:
         diff = free - int(peer_free)
         if diff > self.unit_bytes:
-            return math.ceil(diff / 2)                     # 001 §4.1
+            return math.ceil(diff / 2)                     # [Behl12] §4.1
         if diff > 0 and _coin(self.seed, st.node_id, peer, st.rounds) < self.migrate_p:
-            return diff                                    # probabilistic migration, 001 §4.1
+            return diff                                    # probabilistic migration, [Behl12] §4.1
         return 0
 
     def _info(self, st: DqmpState, snap: Snapshot, allowance: int, level: int | None,
@@ -191,7 +191,7 @@ class Dqmp:
 
 
 def _tree(st: DqmpState, view: PeerView, alloc: Dqmp) -> tuple[int | None, str | None]:
-    """(level, uplink) over the live part of the graph (001 §4.2; a new uplink
+    """(level, uplink) over the live part of the graph ([Behl12] §4.2; a new uplink
     after the old one failed, §4.3).  The manager counts as live: it is restored."""
     failed = frozenset(m for m in st.members if m != st.manager and has_failed(view, m, alloc.dead_after_s))
     levels = _levels(alloc, st.members, st.manager, failed)
@@ -226,7 +226,7 @@ def accountable(st: DqmpState) -> int:
 
 
 def to_dict(st: DqmpState) -> dict[str, Any]:
-    """The quota manager's (or any node's) state as JSON-able values (001 §4.3 snapshot)."""
+    """The quota manager's (or any node's) state as JSON-able values ([Behl12] §4.3 snapshot)."""
     data = dataclasses.asdict(dataclasses.replace(st, ledger=None))
     data["members"], data["neighbours"] = list(st.members), list(st.neighbours)
     data["ledger"] = None if st.ledger is None else ledger_to_dict(st.ledger)

@@ -1,19 +1,19 @@
 """Fill ratio: GDRL with the fill ratio S_i/D_i as indicator, on a ring of d = 2
-(004_325d3d1e3eeb082d.txt, Ramsden).
+([Ramsden]).
 
     >>> from agent.allocators import create
     >>> alloc = create("fillratio")                       # eta = 1/4, ring
     >>> joiner = create("fillratio", join=True, seed=3)   # starts at zero supply
 
-Supply is passed, never estimated (004 §2.3: S_i += delta on one side, S_j -=
+Supply is passed, never estimated ([Ramsden] §2.3: S_i += delta on one side, S_j -=
 delta on the other), through the same acknowledged transfers as GDRL, so the
-sum of supplies plus what is in flight is R at every step.  004 eq. 2 adds
+sum of supplies plus what is in flight is R at every step.  [Ramsden] eq. 2 adds
 ``eta * (S_i/D_i - S_j/D_j)`` to S_i, which would move supply towards the
 node that already has the most per unit of demand and mixes a ratio with a
 rate; we follow GDRL instead: the node with the higher fill ratio gives
 ``eta * D_i * (S_i/D_i - S_j/D_j)`` B/s (gdrl.py, indicator ``fillratio``).
 
-Faults (004 §3):
+Faults ([Ramsden] §3):
 
 * node failure / removal: after ``dead_after_s`` the next node in ring order,
   the *best buddy*, inherits the failed node's share and each neighbour takes

@@ -1,4 +1,4 @@
-"""FPS, flow proportional share (000_efbf5459a9d12355.txt §3.2.2, Fig. 2).
+"""FPS, flow proportional share ([Raghavan07] §3.2.2, Fig. 2).
 
     >>> from agent.allocators import create
     >>> alloc = create("fps", ewma=0.1, regime_threshold=0.95)

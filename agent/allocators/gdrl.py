@@ -1,5 +1,5 @@
 """GDRL: capacity moves along graph edges from where a performance indicator is
-good to where it is bad (003_a7088eba09f2b2d3.txt, Stanojević & Shorten).
+good to where it is bad ([Stanojevic09]).
 
     >>> from agent.allocators import create
     >>> alloc = create("gdrl", indicator="spare", graph="ring")   # eta = 1/(2d) = 1/4
@@ -19,7 +19,7 @@ Indicators (:data:`INDICATORS`) must decrease as capacity grows (Assumption 1):
 * ``spare``: q = demand - C_i, eq. 14 (the paper's "spare bandwidth"; it is
   the negative of the spare capacity, which is what makes it decreasing);
 * ``drop``: q = max(0, demand - C_i) / demand, the share a bucket at C_i drops;
-* ``fillratio``: q = -C_i / demand, 004_325d3d1e3eeb082d.txt eq. 1 (negated).
+* ``fillratio``: q = -C_i / demand, [Ramsden] eq. 1 (negated).
 
 ``slope_i`` = -dC_i/dq_i (1 for ``spare``, demand for the others) turns the
 indicator difference back into B/s, so eq. 15's bound eta <= 1/(2d) holds for
@@ -29,10 +29,10 @@ eta = 1/4 on the ring); a larger eta raises :class:`EtaAboveBoundError` unless
 
 Failures: a neighbour dead for ``dead_after_s`` has its link settled (its
 counter taken back) and the failed node's genesis share goes to its best
-friend, the next member in ring order (003 §IV "Node Failures").  Shorter
+friend, the next member in ring order ([Stanojevic09] §IV "Node Failures").  Shorter
 silences change nothing.  ``join=True`` starts a node that was not in the
 others' genesis member list with zero capacity and ``degree`` random
-neighbours (004 §3.3).
+neighbours ([Ramsden] §3.3).
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ class DiffusionState:
 class Gdrl:
     name: ClassVar[str] = "gdrl"
     needs_member_ids: ClassVar[bool] = True    # state depends on who the members are
-    eta: float | None = None            # None: 1/(2d), 003 eq. 15
+    eta: float | None = None            # None: 1/(2d), [Stanojevic09] eq. 15
     indicator: str = "spare"
     graph: str = "ring"
     degree: int = 2
@@ -104,7 +104,7 @@ class Gdrl:
         return Graph(kind=self.graph, degree=self.degree, seed=self.seed, edges=tuple(map(tuple, self.edges)))
 
     def gain(self, degree: int) -> float:
-        """eta for a graph of maximum degree ``degree``, checked against 003 eq. 15."""
+        """eta for a graph of maximum degree ``degree``, checked against [Stanojevic09] eq. 15."""
         bound = _bound(degree)
         if self.eta is None:
             return bound

@@ -12,8 +12,8 @@ message is needed to agree on who talks to whom::
     >>> Graph(kind="edges", edges=(("a", "c"),)).neighbours("c", members)
     ('a',)
 
-Kinds: ``ring`` (003_a7088eba09f2b2d3.txt Fig. 2, 004_325d3d1e3eeb082d.txt
-§2.2), ``regular`` (the random d-regular graphs of 003 §III-C) and ``edges``
+Kinds: ``ring`` ([Stanojevic09] Fig. 2, [Ramsden]
+§2.2), ``regular`` (the random d-regular graphs of [Stanojevic09] §III-C) and ``edges``
 (given by the operator).  A bad combination raises :class:`GraphError`.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Graph:
         return self.adjacency(tuple(sorted(members))).get(node_id, ())
 
     def degree_of(self, members: tuple[str, ...]) -> int:
-        """The largest degree in the graph (the d of eta < 1/(2d), 003 eq. 15)."""
+        """The largest degree in the graph (the d of eta < 1/(2d), [Stanojevic09] eq. 15)."""
         return max((len(n) for n in self.adjacency(tuple(sorted(members))).values()), default=0)
 
     def adjacency(self, members: tuple[str, ...]) -> Adjacency:
@@ -140,7 +140,7 @@ def _connected(members: tuple[str, ...], pairs: set[tuple[str, str]]) -> bool:
 
 
 def bfs_levels(root: str, adj: dict[str, list[str]] | Adjacency) -> dict[str, int]:
-    """Hop distance from ``root`` to every node it reaches (DQMP's tree levels, 001 §4.2)."""
+    """Hop distance from ``root`` to every node it reaches (DQMP's tree levels, [Behl12] §4.2)."""
     levels = {root: 0}
     queue = deque([root])
     while queue:

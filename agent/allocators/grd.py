@@ -1,4 +1,4 @@
-"""GRD, global random drop (000_efbf5459a9d12355.txt §3.2.1, Fig. 1).
+"""GRD, global random drop ([Raghavan07] §3.2.1, Fig. 1).
 
     >>> from agent.allocators import create
     >>> alloc = create("grd")

@@ -1,4 +1,4 @@
-"""GTB, the global token bucket of 000_efbf5459a9d12355.txt §3.2.
+"""GTB, the global token bucket of [Raghavan07] §3.2.
 
     >>> from agent.allocators import create
     >>> alloc = create("gtb")

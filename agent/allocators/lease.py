@@ -1,4 +1,4 @@
-"""Leases: lease servers hand out capacity that expires (002_0c321af71fa102a7.txt,
+"""Leases: lease servers hand out capacity that expires ([RLDesign],
 the Doorman-style "capacity lease").
 
     >>> from agent.allocators import create
@@ -17,11 +17,11 @@ the Doorman-style "capacity lease").
   not release a larger grant early, so the unexpired grants never add up to
   more than the slice.
 * A client that holds no valid lease (never granted, or expired because its
-  server is unreachable) applies ``on_lease_loss`` (002 "Optimistic,
+  server is unreachable) applies ``on_lease_loss`` ([RLDesign] "Optimistic,
   pessimistic and safe mode"): ``pessimistic`` 0, ``optimistic`` all it asked
   for, ``safe`` ``safe_Bps`` if set, else global/N.
 * Hard limit: a token bucket at the lease (Mode BUCKET drops above it), and
-  ``info["warning"]`` says so while demand is above it.  Soft limit (002 "Hard
+  ``info["warning"]`` says so while demand is above it.  Soft limit ([RLDesign] "Hard
   limit vs Soft limit"): a server whose clients ask for more than
   ``soft_fraction`` of its slice warns in its ``info["warning"]`` before
   anyone is cut.

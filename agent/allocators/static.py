@@ -3,7 +3,7 @@
     >>> from agent.allocators import create
     >>> alloc = create("static")
 
-The baseline every paper compares against (000_efbf5459a9d12355.txt §5.7,
+The baseline every paper compares against ([Raghavan07] §5.7,
 Fig. 9(a): "a static 1/N limiting policy cannot take advantage of unused
 capacity at the other sites").  N is the *configured* number of nodes
 (``snap.view.n_nodes``), not the number alive: the policy ignores everyone, so

@@ -23,10 +23,10 @@ Protocol (one direction of one link; the other direction is symmetric):
   nothing.  Every receipt is acked with the receiver's ``applied_total``.
 * ``retransmit`` resends the newest transfer until it is acked; nothing is
   ever taken back while the link is open, because only the receiver knows
-  what it applied (003_a7088eba09f2b2d3.txt §IV "Message passing").
+  what it applied ([Stanojevic09] §IV "Message passing").
 * ``settle`` closes a link to a failed peer: the node adds its link counter
   ``net = sent - applied (+ consumed reported - seen)`` to its holding, as
-  DQMP's fix_crashedNode does (001_73ef86042f3cd4bf.txt Fig. 6).  Messages from
+  DQMP's fix_crashedNode does ([Behl12] Fig. 6).  Messages from
   a closed peer are answered with ``accepted=False`` so that peer settles its
   side too.
 
@@ -99,7 +99,7 @@ def send(led: Ledger, dst: str, amount: int) -> tuple[Ledger, Envelope]:
 
 
 def report(led: Ledger, dst: str, consumed: int, free: int) -> tuple[Ledger, Envelope]:
-    """Pass ``consumed`` up the link to ``dst`` (001 §4.3 "Consumed Quota"): the
+    """Pass ``consumed`` up the link to ``dst`` ([Behl12] §4.3 "Consumed Quota"): the
     link counter grows by it so a crash of ``dst`` never hands it out again as free."""
     link = led.links.get(dst, Link())
     link = dataclasses.replace(link, rep_sent=link.rep_sent + consumed)
@@ -146,7 +146,7 @@ def retransmit(led: Ledger, sent_now: Iterable[str], view: PeerView) -> tuple[En
 
 
 def settle(led: Ledger, peer: str) -> Ledger:
-    """Close the link to ``peer``, taking its counter into the holding (001 Fig. 6)."""
+    """Close the link to ``peer``, taking its counter into the holding ([Behl12] Fig. 6)."""
     if peer in led.closed:
         return led
     links = dict(led.links)
@@ -161,7 +161,7 @@ def is_alive(view: PeerView, peer: str) -> bool:
 
 def has_failed(view: PeerView, peer: str, dead_after_s: float) -> bool:
     """Dead for at least ``dead_after_s``: shorter silences are netsplits and change
-    nothing (004_325d3d1e3eeb082d.txt §3.1 "we take no action").  A peer never
+    nothing ([Ramsden] §3.1 "we take no action").  A peer never
     heard from (age inf) has not failed: it may still be starting, and inheriting
     its share then would create capacity; if it never comes up, its share stays unused."""
     state = view.peers.get(peer)
@@ -170,7 +170,7 @@ def has_failed(view: PeerView, peer: str, dead_after_s: float) -> bool:
 
 def settle_failed(led: Ledger, view: PeerView, dead_after_s: float, keep: Iterable[str] = ()) -> Ledger:
     """Settle every open link whose peer has failed, except links in ``keep``
-    (DQMP's initial links to the quota manager, 001 §4.3)."""
+    (DQMP's initial links to the quota manager, [Behl12] §4.3)."""
     keep = set(keep)
     for peer in sorted(led.links):
         if peer not in keep and has_failed(view, peer, dead_after_s):
@@ -180,7 +180,7 @@ def settle_failed(led: Ledger, view: PeerView, dead_after_s: float, keep: Iterab
 
 def share(total: int, genesis: tuple[str, ...], node_id: str) -> int:
     """``node_id``'s genesis share of ``total``: total // N, the remainder one unit
-    each to the first members, so the shares add up to ``total`` exactly (003 eq. 6)."""
+    each to the first members, so the shares add up to ``total`` exactly ([Stanojevic09] eq. 6)."""
     if node_id not in genesis:
         return 0
     base, extra = divmod(total, len(genesis))
@@ -190,7 +190,7 @@ def share(total: int, genesis: tuple[str, ...], node_id: str) -> int:
 def heir(dead: str, genesis: tuple[str, ...], failed: set[str]) -> str | None:
     """The best friend holding ``dead``'s endowment: the first member after it in
     genesis order that has not failed (its ring successor, a neighbour on the
-    ring; 003 §IV "Node Failures", 004 §3.2 "best buddy")."""
+    ring; [Stanojevic09] §IV "Node Failures", [Ramsden] §3.2 "best buddy")."""
     k = genesis.index(dead)
     for step in range(1, len(genesis)):
         candidate = genesis[(k + step) % len(genesis)]

@@ -40,7 +40,7 @@ def alive(st) -> bool:
 
 @pytest.mark.slow
 def test_fps_pair_shares_the_limit_3_to_7_and_every_flow_fairly(net3, agents):
-    """000_efbf5459a9d12355.txt §5.1 setting: 10 Mbit/s, 3 TCP flows at one limiter, 7 at the other."""
+    """[Raghavan07] §5.1 setting: 10 Mbit/s, 3 TCP flows at one limiter, 7 at the other."""
     a1, a2 = pair(agents, net3, "fps", "10mbit", "--interval", "50ms")
     run = three_to_seven(net3, a1, a2, net3.hosts[2], poll_s=1.0)
     assert within(run.sink_bps, 10e6, 0.05), run.sink_bps

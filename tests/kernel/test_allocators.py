@@ -1,5 +1,5 @@
 """Each allocator through real agents: FPS flow join and bottlenecks, GDRL,
-fill-ratio, DQMP volume quotas and lease modes (000, 003, 004, 001, 002).
+fill-ratio, DQMP volume quotas and lease modes ([Raghavan07], [Stanojevic09], [Ramsden], [Behl12], [RLDesign]).
 
 Hosts h1..h3 run agents (node ids h1..h3); the last host is the sink.
 Rates at the sink are L2 bytes, what the limiter counts.

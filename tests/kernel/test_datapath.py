@@ -182,3 +182,11 @@ def test_exempt_gossip_is_never_policed(net, datapath):
                      f"[s.sendto(bytes(1000), ('{net.hosts[1].addr4}', 7946)) for _ in range(100)]")
     assert dp.read_counters()[0].passed_packets == dp.read_counters()[0].dropped_packets == 0
     assert dp.read_bypass().passed_packets >= 100
+
+
+def test_a_limiter_h_in_the_working_directory_is_not_compiled(net, datapath, tmp_path, monkeypatch):
+    """bcc compiles as if from the working directory: ours must come from bpf/ (an agent
+    started from a directory holding some other limiter.h failed to compile)."""
+    (tmp_path / "limiter.h").write_text('#error "the limiter.h of the working directory"\n')
+    monkeypatch.chdir(tmp_path)
+    assert datapath().read_counters([0])[0].passed_bytes >= 0

@@ -1,8 +1,8 @@
 """`drl-agent up` / `down` and `drlctl status`: every mistake a user can make is one line
 and a non-zero exit, found before anything touches the kernel.
 
-No root needed: the root check is exercised by faking geteuid, and the cases
-that must get past it fake root and use `lo`, failing inside build_config
+No root needed: the capability check is exercised by faking CapEff, and the cases
+that must get past it fake root's capabilities and use `lo`, failing inside build_config
 (agent.daemon.run is replaced, so nothing is ever attached).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-import drl.agent.config
+import drl.agent.caps
 import drl.agent.daemon
 from drl.cli.agent import main as agent_main
 from drl.cli.ctl import main as ctl_main
@@ -18,7 +18,7 @@ from drl.cli.ctl import main as ctl_main
 
 @pytest.fixture
 def as_root(monkeypatch):
-    monkeypatch.setattr(drl.agent.config.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(drl.agent.caps, "effective", lambda: (1 << 41) - 1)     # what root's CapEff holds
 
 
 @pytest.fixture
@@ -63,10 +63,14 @@ def test_unknown_allocator_is_a_usage_error():
     one_line_error(result, "magic")
 
 
-def test_not_root_is_refused_first(monkeypatch, started):
-    monkeypatch.setattr(drl.agent.config.os, "geteuid", lambda: 1000)
-    result = up("--iface", "lo", "--global", "10mbit", "--insecure")
-    one_line_error(result, "must run as root")
+@pytest.mark.parametrize("held, named", [
+    (0, "CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN"),                     # an ordinary user
+    (1 << drl.agent.caps.CAP_BPF | 1 << drl.agent.caps.CAP_PERFMON, "CAP_NET_ADMIN"),
+])
+def test_missing_capabilities_are_refused_first_by_name(monkeypatch, started, held, named):
+    monkeypatch.setattr(drl.agent.caps, "effective", lambda: held)
+    result = up("--iface", "drlnope0", "--global", "10mbit", "--insecure")     # a bad iface too: caps come first
+    one_line_error(result, f"missing capabilities {named} (", "docs/service.md")
     assert result.exit_code == 1 and started == []
 
 

@@ -1,4 +1,4 @@
-"""DQMP (agent/allocators/dqmp.py): 001_73ef86042f3cd4bf.txt."""
+"""DQMP (agent/allocators/dqmp.py): [Behl12]."""
 import json
 import random
 import time
@@ -11,7 +11,7 @@ from drl.agent.model import Local, PeerView, Snapshot
 
 from netharness import Net
 
-UNIT = 50_000          # 001 §5: 50,000 units injected per node
+UNIT = 50_000          # [Behl12] §5: 50,000 units injected per node
 
 
 class Traffic:
@@ -32,7 +32,7 @@ def _total(net):
 
 
 def test_100_nodes_25_percent_crash_all_quota_accounted():
-    """001 §5.1 "Crashes of Nodes": 100 nodes, 25 of them crash; free + consumed +
+    """[Behl12] §5.1 "Crashes of Nodes": 100 nodes, 25 of them crash; free + consumed +
     in flight stays the injected quota, and what passed stays within it."""
     members = [f"n{i:03d}" for i in range(100)]
     quota = UNIT * 100
@@ -57,7 +57,7 @@ def _check(net, quota):
 
 
 def test_local_grant_needs_no_message_and_is_fast():
-    """001 §5.1: a demand that fits the local quota is granted locally (< 0.2 ms there)."""
+    """[Behl12] §5.1: a demand that fits the local quota is granted locally (< 0.2 ms there)."""
     alloc = create("dqmp", quota_bytes=10**9)
     state = alloc.initial_state("a", ("a",))
     view = PeerView(members=("a",), peers={}, remote_sum=0.0, n_alive=0)
@@ -79,7 +79,7 @@ def test_local_grant_needs_no_message_and_is_fast():
 
 
 def test_quota_manager_restored_from_snapshot_keeps_the_sum():
-    """001 §4.3: the manager crashes, its neighbours keep their initial links, and a
+    """[Behl12] §4.3: the manager crashes, its neighbours keep their initial links, and a
     restart from its last snapshot (JSON round trip) loses and creates nothing."""
     members = [f"n{i}" for i in range(8)]
     quota = 8 * UNIT

@@ -1,4 +1,4 @@
-"""Fill ratio (agent/allocators/fillratio.py): 004_325d3d1e3eeb082d.txt."""
+"""Fill ratio (agent/allocators/fillratio.py): [Ramsden]."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -24,7 +24,7 @@ def _ratios(net, nodes):
 
 
 def test_supply_follows_demand_on_the_ring():
-    """004 eq. 1: S_1/D_1 = ... = S_n/D_n; on a ring, eta = 1/4."""
+    """[Ramsden] eq. 1: S_1/D_1 = ... = S_n/D_n; on a ring, eta = 1/4."""
     net = _net()
     net.run(1)
     assert max(_ratios(net, MEMBERS)) / min(_ratios(net, MEMBERS)) > 3
@@ -55,7 +55,7 @@ def test_joining_node_starts_at_zero_and_gets_supply_from_two_random_neighbours(
 @given(side=st.sets(st.sampled_from(MEMBERS), min_size=1, max_size=3), start=st.integers(1, 20),
        length=st.integers(1, 4), loss=st.floats(0, 0.3), seed=st.integers(0, 1000))
 def test_netsplit_shorter_than_dead_after_creates_no_supply(side, start, length, loss, seed):
-    """004 §3.1: a split changes nothing; during and after it the supplies held plus
+    """[Ramsden] §3.1: a split changes nothing; during and after it the supplies held plus
     in flight are R, no one inherits anything, and all transfers are acked after healing."""
     net = _net(loss=loss, seed=seed, max_delay=1)
     net.run(start)

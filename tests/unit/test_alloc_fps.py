@@ -1,4 +1,4 @@
-"""FPS (000_efbf5459a9d12355.txt §3.2.2, Fig. 2, Appendix): the two regimes by hand,
+"""FPS ([Raghavan07] §3.2.2, Fig. 2, Appendix): the two regimes by hand,
 the Appendix's stability claim, conservation of L, and a tiny fluid TCP loop
 reaching the baseline's 3:7 split (§5.1) and Fig. 7's bottlenecked case."""
 from __future__ import annotations

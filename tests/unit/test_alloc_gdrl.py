@@ -11,7 +11,7 @@ from netharness import Net, diffusion_accounted
 
 N = 10
 SCALE = 1e6   # the paper's unit rates as MB/s; capacities are whole B/s
-LAMBDA = [(i + 1) / (N + 1) * SCALE for i in range(N)]           # lambda_i = i/(N+1), 003 §III-A
+LAMBDA = [(i + 1) / (N + 1) * SCALE for i in range(N)]           # lambda_i = i/(N+1), [Stanojevic09] §III-A
 CAPACITY = 1.1 * sum(LAMBDA)                                      # C = 1.1 * sum(lambda_i)
 MEMBERS = [f"n{i:02d}" for i in range(N)]
 
@@ -24,14 +24,14 @@ def _paper_net(**net_kw):
 
 
 def _q(net):
-    """q_i = lambda_i - C_i, the spare bandwidth of eq. 14 that 003 Fig. 3/4 plot."""
+    """q_i = lambda_i - C_i, the spare bandwidth of eq. 14 that [Stanojevic09] Fig. 3/4 plot."""
     return [lam - net.state[m].ledger.holding for m, lam in zip(MEMBERS, LAMBDA)]
 
 
 @pytest.mark.parametrize("net_kw", [{}, {"loss": 0.3, "dup": 0.1, "max_delay": 2, "seed": 4}],
                          ids=["reliable", "lossy"])
 def test_paper_ring_reaches_jain_099(net_kw):
-    """003 §III-A: 10 limiters on a ring, eta = 1/4: JFI(q) goes from ~0 to >= 0.99."""
+    """[Stanojevic09] §III-A: 10 limiters on a ring, eta = 1/4: JFI(q) goes from ~0 to >= 0.99."""
     net = _paper_net(**net_kw)
     net.run(1)
     assert jain(_q(net)) < 0.1
@@ -103,7 +103,7 @@ def test_best_friend_inherits_a_crashed_nodes_capacity():
 
 
 def test_regular_graph_of_100_converges():
-    """003 §III-C: random d-regular graphs at eta = 1/(2d) converge as well."""
+    """[Stanojevic09] §III-C: random d-regular graphs at eta = 1/(2d) converge as well."""
     members = [f"n{i:03d}" for i in range(100)]
     lam = {m: (i + 1) / 101 * SCALE for i, m in enumerate(members)}
     net = Net(create("gdrl", graph="regular", degree=4, seed=1), members, 1.1 * sum(lam.values()))

@@ -1,4 +1,4 @@
-"""GTB (000_efbf5459a9d12355.txt §3.2): local limit = global - the others' reported rates,
+"""GTB ([Raghavan07] §3.2): local limit = global - the others' reported rates,
 stale reports kept as they stand (its known weakness)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Leases (agent/allocators/lease.py): 002_0c321af71fa102a7.txt."""
+"""Leases (agent/allocators/lease.py): [RLDesign]."""
 import pytest
 from hypothesis import given, settings, strategies as st
 

@@ -1,7 +1,7 @@
 """Static 1/N, GRD and CTB against their formulas, numbers worked by hand
 (and every allocator module's docstring example).
 
-GRD: 000_efbf5459a9d12355.txt Fig. 1 (drop prob = (demand - limit)/demand) with
+GRD: [Raghavan07] Fig. 1 (drop prob = (demand - limit)/demand) with
 the §5.6 stale policy; static: global/N; CTB: the global limit.
 """
 from __future__ import annotations

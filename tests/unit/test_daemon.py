@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -33,7 +32,11 @@ STATUS_KEYS = {
     # since classes: the default (or first) class's version and lost values, the lone-agent flag, every class
     "limit_version", "gossip_lost", "standalone", "classes", "ticks",
     # issue 19: whether our filter is still attached
-    "datapath"}
+    "datapath",
+    # issue 16 (metrics): tick durations and overruns, the default class's drops by reason
+    "tick", "dropped_bytes_by_reason", "dropped_packets_by_reason",
+    # issue 16 item 7: shadow mode (what the class's dropped_* count would have been dropped)
+    "shadow"}
 # The issue's contract for each entry of "classes".
 CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "local_limit_bps", "demand_bps",
               "drop_probability", "passed_bytes", "dropped_bytes", "limit_version"}
@@ -90,7 +93,7 @@ class FakeDatapath:
     def send(self, nbytes: int) -> None:
         """``nbytes`` passed the limiter, as one flow."""
         c = self.counters
-        self.counters = replace(c, passed_bytes=c.passed_bytes + nbytes, passed_packets=c.passed_packets + 1)
+        self.counters = c._replace(passed_bytes=c.passed_bytes + nbytes, passed_packets=c.passed_packets + 1)
         key = FlowKey(4, 6, "10.0.0.1", "10.0.0.9", 40000, 80)
         first = self.flows[0].first_ns if self.flows else now_ns()
         self.flows = [FlowSample(key, CLASS_ID, self.counters.passed_bytes, self.counters.passed_packets,
@@ -167,7 +170,7 @@ def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
         mode, settings = dp.classes[CLASS_ID]
         assert mode == Mode.BUCKET
         assert settings == {"rate_Bps": 500_000.0, "burst_bytes": None, "drop_probability": 0.0,
-                            "safe_rate_Bps": 500_000.0, "timeout_s": 20.0, "quota_bytes": None}
+                            "safe_rate_Bps": 500_000.0, "timeout_s": 20.0, "quota_bytes": None, "shadow": False}
         status = a.status()
         assert status["local_limit_bps"] == 4e6 and status["mode"] == "bucket"
         assert 0 < status["demand_bps"] <= 2e6 and status["passed_bytes"] == 1_000_000

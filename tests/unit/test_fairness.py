@@ -20,7 +20,7 @@ def test_ignores_scale(xs, k):
 
 
 def test_matches_the_paper_example():
-    # 000 §4.1: 9 flows alike and 1 starved gives "the seemingly high fairness index of 0.9"
+    # [Raghavan07] §4.1: 9 flows alike and 1 starved gives "the seemingly high fairness index of 0.9"
     assert jain([1.0] * 9 + [0.0]) == pytest.approx(0.9)
 
 

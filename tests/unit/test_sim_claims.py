@@ -57,7 +57,7 @@ def test_grd_error_grows_with_the_number_of_limiters():
 
 
 def test_gdrl_conserves_the_sum_of_capacities_exactly():
-    """003 eq. 6 under 5 % message loss: holdings + transfers in flight == C, every check."""
+    """[Stanojevic09] eq. 6 under 5 % message loss: holdings + transfers in flight == C, every check."""
     n = 10
     lam = 2e6 * np.arange(1, n + 1) / (n + 1)
     capacity = lam.sum() / 0.9
@@ -89,7 +89,7 @@ def test_dqmp_accounts_for_all_quota_after_crashes():
 
 
 def test_partition_falls_back_towards_1_over_n_and_heals():
-    """000 §5.6: a cut-off half counts the other half stale, so the sum of limits stays
+    """[Raghavan07] §5.6: a cut-off half counts the other half stale, so the sum of limits stays
     at most the global limit; after healing the views fill again."""
     n = 20
     sim = _tcp_sim("fps", n, np.repeat(np.arange(n), 2), np.zeros(2 * n))

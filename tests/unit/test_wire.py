@@ -58,7 +58,7 @@ def test_round_trip(payload, key):
 
 
 def test_update_size():
-    """Measured: the paper's update is 48 B with IP+UDP (000_efbf5459a9d12355.txt §3.1);
+    """Measured: the paper's update is 48 B with IP+UDP ([Raghavan07] §3.1);
     ours is header + one class's value + 32-byte tag; the numbers go into the README."""
     ours = encode(Message(header(), update(1_250_000.0)), KEY)
     insecure = encode(Message(header(), update(1_250_000.0)), None)
