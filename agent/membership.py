@@ -137,14 +137,13 @@ class Membership:
         """The allocator's view of ``class_id``: stale peers count 0 and are not in n_alive.
         With ``safe_Bps`` (the class's fail-safe rate) the view also reserves what every
         stale peer's datapath may still pass (:meth:`may_still_pass`)."""
-        rows, members, n_alive = self._rows(now)
-        remote_sum = sum(values.get(class_id, _NOTHING)[1] for _, values, alive, _ in rows.values() if alive)
+        rows, members, n_alive, sums, stale = self._rows(now)
         reserved = None
         if safe_Bps is not None:
             reserved = sum(self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now, safe_Bps)
-                           for _, values, alive, age in rows.values() if not alive)
-        return PeerView(members=members, peers=_Peers(rows, class_id), remote_sum=remote_sum, n_alive=n_alive,
-                        reserved_Bps=reserved)
+                           for values, age in stale)
+        return PeerView(members=members, peers=_Peers(rows, class_id), remote_sum=sums.get(class_id, 0.0),
+                        n_alive=n_alive, reserved_Bps=reserved)
 
     def may_still_pass(self, local_Bps: float | None, last_seen: float, now: float, safe_Bps: float) -> float:
         """What a silent peer's datapath may pass now: the local limit it last told us until
@@ -162,14 +161,22 @@ class Membership:
             return max(local_Bps, safe_Bps)
         return safe_Bps
 
-    def _rows(self, now: float) -> tuple[dict, tuple[str, ...], int]:
-        """{name: (name, values, alive, age)} of every slot, the sorted member ids and the
-        alive count at ``now``: worked out once for all the classes a tick views at one instant."""
+    def _rows(self, now: float) -> tuple[dict, tuple[str, ...], int, dict, list]:
+        """At ``now``, worked out once for all the classes a tick views at one instant:
+        {name: (name, values, alive, age)} of every slot, the sorted member ids, the alive
+        count, every class's sum over the alive peers (one pass over what they published,
+        not a pass over the peers per class), and the stale peers' (values, age)."""
         if self._rows_at is None or self._rows_at[0] != now:
             rows = {slot.name(): (slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen)
                     for slot in self._slots.values()}
+            sums: dict[int, float] = {}
+            for _, values, alive, _ in rows.values():
+                if alive:
+                    for key, (_, value, _) in values.items():
+                        sums[key] = sums.get(key, 0.0) + value
+            stale = [(values, age) for _, values, alive, age in rows.values() if not alive]
             self._rows_at = (now, rows, tuple(sorted([self.node_id, *rows])),
-                             sum(row[2] for row in rows.values()))
+                             sum(row[2] for row in rows.values()), sums, stale)
         return self._rows_at[1:]
 
     def status(self, now: float) -> list[dict]:
