@@ -43,6 +43,27 @@ PROB_ONE = 1 << 32
 # safe_rate_Bps meaning "no fail-safe limit".
 UNLIMITED = 2**64 - 1
 
+# The bucket in virtual time (bpf/limiter.c take_tokens, agent/bucket.py): a byte's
+# price is 1e9 / rate in units of 2^-NS_FRAC_BITS ns.  MAX_NS_PER_BYTE (~7.5 bytes/s)
+# keeps len * ns_per_byte within 64 bits for any skb (< 2^20 bytes); MAX_DEPTH_NS
+# (~18 min) bounds a depth, and the credit limiter.c rescale converts.
+NS_FRAC_BITS = 16
+MAX_NS_PER_BYTE = 1 << 43
+MAX_DEPTH_NS = 1 << 40
+# The flow table is visited by about one packet per FLOW_VISIT_NS per CPU and
+# class, at random, and that packet counts for the gap it ends (limiter.c
+# sample_flow): a class under 4,000 packets/s per CPU is counted exactly, a
+# faster one pays the LRU update on 1 packet in up to FLOW_MAX_GAP.
+# FLOW_VISIT_NS 0 = every packet visits.
+FLOW_VISIT_NS = 250_000
+FLOW_MAX_GAP = 256
+# The program's clock: 1 = bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC_COARSE, one
+# jiffy of resolution, ~30 ns cheaper per packet here), 0 = bpf_ktime_get_ns.
+CLOCK_COARSE = 1
+# bench/datapath.py only: build the program without parts of the pipeline to
+# attribute its cost (limiter.c SKIP_*: 1 flow table, 2 police, 4 clock).  0 in the agent.
+BENCH_SKIP = 0
+
 # Class modes (agent/model.py Mode).
 MODE_PASS = 0
 MODE_BUCKET = 1
@@ -60,7 +81,9 @@ def cflags(**sizes: int) -> list[str]:
               "MAX_MARK_MASKS": MAX_MARK_MASKS,
               "MAX_PREFIX_LENGTHS": MAX_PREFIX_LENGTHS,
               "PROB_ONE": f"{PROB_ONE}ULL", "UNLIMITED": f"{UNLIMITED}ULL",
-              "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP}
+              "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP,
+              "NS_FRAC_BITS": NS_FRAC_BITS, "MAX_DEPTH_NS": f"{MAX_DEPTH_NS}ULL",
+              "FLOW_VISIT_NS": FLOW_VISIT_NS, "FLOW_MAX_GAP": FLOW_MAX_GAP, "CLOCK_COARSE": CLOCK_COARSE, "BENCH_SKIP": BENCH_SKIP}
     values.update(sizes)
     values.setdefault("MAX_KEYS", KEYS_PER_CLASS * values["MAX_CLASSES"])
     return [f"-D{name}={value}" for name, value in values.items()]

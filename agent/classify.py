@@ -18,7 +18,7 @@ but none of its rules still finds the rules of a shorter covering prefix,
 every entry also carries, after its own rules, those of every prefix that
 covers it, longest first (push-down)::
 
-    >>> from agent.classes import parse_class
+    >>> from drl.agent.classes import parse_class
     >>> c = compile_rules([(parse_class("dst=10.0.0.0/8"), 1), (parse_class("dst=10.1.0.0/16,dport=80"), 2)])
     >>> [class_id for _, class_id in c.dst[parse_class("dst=10.1.0.0/16").dst]]
     [2, 1]

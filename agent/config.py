@@ -51,6 +51,7 @@ class ClassConf:
     ewma: float
     flow_ewma: float
     shadow: bool = False              # count what the limit would drop, drop nothing (docs/config.md "Shadow mode")
+    enforce: str = "police"           # police (drop) or shape (queue in HTB, agent/shaper.py; docs/config.md "Shaping mode")
 
     @functools.cached_property
     def key(self) -> int:
@@ -149,9 +150,13 @@ def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...]) -> Class
         allocator = _allocator(node_id, c, peers)
     except ConfigError as e:
         raise ConfigError(f"{where}{e}") from None
+    enforce = c.get("enforce") or "police"
+    if enforce == "shape" and (allocator.name == "grd" or c.get("quota")):
+        what = "random drop (allocator grd)" if allocator.name == "grd" else "a volume quota"
+        raise ConfigError(f"{where}enforce = shape cannot enforce {what}: it queues at a rate; use enforce = police")
     return ClassConf(name=c["name"], global_Bps=c["global_Bps"], allocator=allocator, rules=rules,
                      burst_bytes=c["burst_bytes"], safe_Bps=c["safe_Bps"], ewma=c["ewma"], flow_ewma=c["flow_ewma"],
-                     shadow=bool(c.get("shadow")))
+                     shadow=bool(c.get("shadow")), enforce=enforce)
 
 
 def _sample_probability(opts: Mapping[str, Any], classes: tuple[ClassConf, ...]) -> float:

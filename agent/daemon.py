@@ -50,6 +50,7 @@ from drl.agent.membership import Membership
 from drl.agent.metrics import Board, DropTally, MetricsError, MetricsServer, TickStats, drop_reason
 from drl.agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
 from drl.agent.notify import Notifier
+from drl.agent.shaper import Shaper
 from drl.agent.tenants import ClassRun, ClassTable, StateFileError
 from drl.agent.transport import Standalone, TransportError, UdpTransport
 from drl.agent.units import parse_rate, to_bps, UnitError
@@ -75,9 +76,9 @@ def run(config: Config) -> int:
     except StartupError as e:
         log.error("startup_failed", error=str(e))
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:      # a stop asked for (systemctl stop, Ctrl-C) is a clean stop
         log.info("stopped_during_startup")
-        return 1
+        return 0
     with agent:
         _tune_gc()
         return agent.serve()
@@ -86,9 +87,12 @@ def run(config: Config) -> int:
 def _tune_gc() -> None:
     """A tick at 1,000 classes allocates ~15,000 short-lived objects over a heap of
     long-lived per-class state; with the default thresholds (700, 10, 10) the collector
-    ran ~60 times a second and took 10 % of a core (bench/agent_cost.py).  The loop makes
-    few reference cycles, so collect the young generation 30x less often, and freeze what
-    startup made (bcc, the program, every class) out of the full collections."""
+    ran ~57 times a second and took 10 % of a core (gc.callbacks timing the collections
+    of the measured agent of bench/agent_cost.py: 2.5 s of 25; 0.04 s after this).  The
+    loop makes few reference cycles, so collect the young generation 30x less often, and
+    freeze what startup made (bcc, the program, every class) out of the full collections,
+    after collecting startup's own garbage so that none of it is frozen for good."""
+    gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
 
@@ -110,6 +114,12 @@ def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
                     gossip_port=gossip_port, gossip_mark=cfg.gossip_mark, exclusive=True)
 
 
+def kernel_shaper(cfg: Config) -> Shaper:
+    """Shape mode's HTB tree on ``--iface`` (agent/shaper.py); it touches nothing until a class
+    is shaped, and restores the root qdisc it replaced when the last one goes."""
+    return Shaper(cfg.iface, state_dir=cfg.state_dir)
+
+
 class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
@@ -118,9 +128,11 @@ class Agent:
     publish, announce, send, close (and sock, for ``serve``)."""
 
     def __init__(self, config: Config, transport: Callable[[Config], Any] = udp_transport,
-                 datapath: Callable[[Config, int | None], Any] = kernel_datapath):
+                 datapath: Callable[[Config, int | None], Any] = kernel_datapath,
+                 shaper: Callable[[Config], Any] = kernel_shaper):
         self.cfg = config
         self._stack = contextlib.ExitStack()
+        self._make_shaper = shaper
         try:
             self._acquire(transport, datapath)
         except (ControlError, TransportError, MetricsError, DatapathError, StateFileError, LimitBookError,
@@ -147,7 +159,7 @@ class Agent:
         self.transport = transport(cfg)
         self._stack.callback(self.transport.close)
         # a scrape (metrics thread) waits at most a few intervals for the next tick's status
-        self.board = Board(timeout_s=min(5.0, max(1.0, 2 * cfg.interval_s)))
+        self.board = Board(timeout_s=min(5.0, max(1.0, 2 * cfg.interval_s)), max_age_s=max(1.0, cfg.interval_s))
         if cfg.metrics is not None:
             self._stack.callback(MetricsServer(cfg.metrics, self.board).close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
@@ -159,6 +171,8 @@ class Agent:
         self.book = LimitBook(Path(cfg.state_dir) / f"limits-{cfg.node_id}.json")
         self.dp = datapath(cfg, self.transport.address[1] if self.transport.address else None)
         self._stack.callback(self.dp.close)
+        self.shaper = self._make_shaper(cfg)
+        self._stack.callback(self.shaper.close)     # before dp.close: the root qdisc comes back first
         self.table = ClassTable(self.dp, self.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
                                 max_classes=cfg.max_classes)
         self.table.apply(cfg.classes, self._member_ids(), cfg.n_nodes)
@@ -187,7 +201,7 @@ class Agent:
         first = next(iter(self.table))
         log.info("started", node=cfg.node_id, iface=cfg.iface, classes=len(self.table),
                  allocator=first.conf.allocator.name, global_bps=round(to_bps(self.book.get(first.name).global_Bps)),
-                 peers=len(cfg.peers), listen=_listen(self.transport.address), interval_ms=cfg.interval_s * 1000,
+                 peers=len(cfg.peers), listen=_listen(self.transport.address), interval_ms=round(cfg.interval_s * 1000, 3),
                  auth="hmac-sha256" if cfg.key else "none")
         if cfg.standalone:
             log.info("standalone", gossip="off", reason="no_peers")
@@ -339,6 +353,7 @@ class Agent:
                 self._announce(run)
         self.cfg = dataclasses.replace(self.cfg, classes=confs)
         self._drops = {name: v for name, v in self._drops.items() if self.table.get(name) is not None}
+        self.shaper.retain([run.class_id for run in self.table])    # removed classes' HTB classes go
         log.info("reloaded", classes=len(self.table), added=list(changes.added), changed=list(changes.changed),
                  removed=list(changes.removed))
         return {"ok": True, **dataclasses.asdict(changes)}
@@ -347,6 +362,7 @@ class Agent:
 
     def tick(self, now: float) -> None:
         self.dp.ensure_attached()      # our filter removed or replaced behind our back: attach again
+        self.shaper.ensure_attached()  # the same for shape mode's HTB root (no-op without shaped classes)
         runs = list(self.table)
         counters = self.dp.read_counters([run.class_id for run in runs])
         flows = collections.defaultdict(list)
@@ -385,19 +401,31 @@ class Agent:
             may_pass = max(may_pass, SLOW_START_Bps)
         return Outgoing(d.publish, limit.version, active=local.demand_Bps > 0, local_Bps=may_pass)
 
-    def _count_drops(self, run: ClassRun, counters: Counters) -> None:
-        """The drops since the last tick, under the reason of the decision then in force."""
+    def _tally(self, run: ClassRun) -> DropTally:
         owner, tally = self._drops.get(run.name, (None, None))
-        if owner is not run:         # a new class, or one removed and added again: a fresh slot
+        if owner is not run:         # a new class, or one removed and added again: a fresh tally
             tally = DropTally()
             self._drops[run.name] = (run, tally)
+        return tally
+
+    def _count_drops(self, run: ClassRun, counters: Counters) -> None:
+        """The drops since the last tick, under the reason of the decision then in force."""
+        tally = self._tally(run)
         if (counters.dropped_bytes, counters.dropped_packets) != tally.seen:     # most ticks drop nothing new
             tally.add(counters.dropped_bytes, counters.dropped_packets, drop_reason(run.last and run.last[1].decision))
 
     def _enforce(self, run: ClassRun, d: Decision, safe_Bps: float) -> None:
+        # shape mode queues a bucket's rate in HTB (agent/shaper.py); shadow wins (nothing is
+        # shaped, would-be drops are counted), and a tick that decides PASS or DROP polices
+        prio = 0
+        if run.conf.enforce == "shape" and d.mode == Mode.BUCKET and not run.conf.shadow:
+            prio = self.shaper.set_rate(run.class_id, d.limit_Bps)     # 0: it failed (logged): police
+        else:
+            self.shaper.discard(run.class_id)
         self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=run.conf.burst_bytes,
                           drop_probability=d.drop_probability, safe_rate_Bps=safe_Bps,
-                          timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes, shadow=run.conf.shadow)
+                          timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes, shadow=run.conf.shadow,
+                          shape_prio=prio)
 
     def _safe_rate(self, run: ClassRun, limit: Limit) -> float:
         return run.conf.safe_Bps if run.conf.safe_Bps is not None else limit.global_Bps / self.cfg.n_nodes
@@ -450,7 +478,8 @@ class Agent:
             "global_limit_bps": to_bps(limit.global_Bps), "limit_version": limit.version,
             "effective_limit_bps": to_bps(effective_limit(snap) if snap else limit.global_Bps),
             "local_limit_bps": to_bps(_local_limit(d, local)), "safe_rate_bps": to_bps(self._safe_rate(run, limit)),
-            "mode": d.mode.name.lower(), "shadow": run.conf.shadow, "drop_probability": d.drop_probability,
+            "mode": d.mode.name.lower(), "shadow": run.conf.shadow, "enforce": run.conf.enforce,
+            "drop_probability": d.drop_probability,
             "demand_bps": to_bps(local.demand_Bps), "rate_bps": to_bps(local.sent_Bps),
             "flows": len(local.flow_rates_Bps), "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
             "passed_bytes": c.passed_bytes, "passed_packets": c.passed_packets,
@@ -459,11 +488,8 @@ class Agent:
             "quota_bytes_left": d.quota_bytes, "gossip_lost": self.members.class_lost[run.conf.key],
             "allocator_state": _allocator_state(d.info)}
 
-
     def _drops_by_reason(self, run: ClassRun) -> dict:
-        owner, tally = self._drops.get(run.name, (None, None))
-        if owner is not run:
-            tally = DropTally()
+        tally = self._tally(run)
         return {"dropped_bytes_by_reason": dict(tally.bytes), "dropped_packets_by_reason": dict(tally.packets)}
 
 

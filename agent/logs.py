@@ -134,8 +134,14 @@ class JsonFormatter(logging.Formatter):
 
 
 def _json_value(value: Any) -> Any:
-    """NaN and infinity are not JSON: as the text logfmt writes."""
-    return repr(value) if isinstance(value, float) and not math.isfinite(value) else value
+    """NaN and infinity are not JSON: as the text logfmt writes, inside lists and dicts too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    return value
 
 
 FORMATTERS = {"logfmt": LogfmtFormatter, "json": JsonFormatter}

@@ -118,18 +118,21 @@ class Published:
 class Board:
     """Where the loop puts its status and scrapes read it (see the module docstring).
 
-    A status costs about as much as a tick (~45 ms at 1,000 classes), so the loop
-    makes one only when a scrape asks: :meth:`request` (scrape thread) raises
+    A status costs about as much as a tick at 1,000 classes, so the loop makes
+    one only when a scrape asks: :meth:`request` (scrape thread) raises
     ``wanted`` and waits up to ``timeout_s`` for the end of the next tick, whose
-    loop calls :meth:`publish`.  A loop that does not tick in time (hung, or far
-    behind) gets the last snapshot served, its age visible in
+    loop calls :meth:`publish`.  A snapshot younger than ``max_age_s`` is served
+    as it is, so scrapes in a burst (several Prometheus servers, a curl loop)
+    cost the loop one status, not one each.  A loop that does not tick in time
+    (hung, or far behind) gets the last snapshot served, its age visible in
     ``drl_last_tick_timestamp_seconds``."""
 
-    def __init__(self, timeout_s: float = 1.0) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float = 1.0, max_age_s: float = 0.0) -> None:
+        self.timeout_s, self.max_age_s = timeout_s, max_age_s
         self.latest: Published | None = None
         self._fresh = threading.Condition()
         self._wanted = False
+        self._published = 0     # how many snapshots so far: a waiter wants a newer one than it saw
 
     @property
     def wanted(self) -> bool:
@@ -139,14 +142,17 @@ class Board:
         """The loop's side: ``status`` is never changed afterwards."""
         with self._fresh:
             self.latest = Published(status, time.time())
+            self._published += 1
             self._wanted = False
             self._fresh.notify_all()
 
     def request(self) -> Published | None:
         """The scrape's side: the state at the end of the next tick, or the last one."""
         with self._fresh:
-            self._wanted = True
-            self._fresh.wait_for(lambda: not self._wanted, self.timeout_s)
+            if self.latest is not None and time.time() - self.latest.wall_time < self.max_age_s:
+                return self.latest
+            seen, self._wanted = self._published, True
+            self._fresh.wait_for(lambda: self._published != seen, self.timeout_s)
             return self.latest
 
 

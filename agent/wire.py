@@ -4,7 +4,7 @@
     >>> h = Header(cluster="prod", node="n1", seq=1, sent_at=0.0, incarnation=7)
     >>> data = encode(Message(h, Batch((ClassValue(key=7, seq=1, value=1250000.0),))), key)
     >>> decode(data, key, "prod").payload.values
-    (ClassValue(key=7, seq=1, value=1250000.0, version=0),)
+    (ClassValue(key=7, seq=1, value=1250000.0, version=0, local_Bps=0.0),)
     >>> decode(data[:-1] + b"x", key, "prod")
     <Reason.FORGED: 'forged'>
 

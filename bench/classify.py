@@ -110,5 +110,6 @@ def main() -> None:
         med, base = statistics.median(runs[n, kind]), statistics.median(runs[1, kind])
         print(f"| {n:,} dst {kind} | {med:.0f} | {', '.join(f'{r:.0f}' for r in runs[n, kind])} | {med / base:.3f} |")
 
+
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Benchmark of the datapath (bpf/limiter.c); results go to bench/README.md.
 
-    sudo .venv/bin/python bench/datapath.py            # all parts, ~8 minutes
+    sudo .venv/bin/python bench/datapath.py            # all parts, ~13 minutes (shape and web ~5)
     sudo .venv/bin/python bench/datapath.py --part goodput --seconds 8
 
 Parts, each measured side by side in one run (never against an old number):
@@ -13,22 +13,38 @@ Parts, each measured side by side in one run (never against an old number):
             qdisc at the same rate; goal >= 0.97 in every cell.
   depth     goodput at 50 Mbit/s, 4 flows, for bucket depths and both drop
             actions (how the defaults were chosen).
+  shape     shape mode (agent/shaper.py: HTB class + bfifo) over tbf of the same
+            burst and 50 ms queue, iperf3 goodput, 1/4/16 flows x 10/50/200 Mbit/s;
+            goal >= 0.97.
+  web       ab -c 20 -n 2000 of a 100 KB file from nginx on h2 through 30 Mbit/s of
+            h2's egress: latency p50/p99, limiter drops and TCP retransmissions for
+            drl police, drl shape and tbf, one after the other; goal shape p99 <= 1.2x tbf.
+  packet    ns per run and packet rate of the limiter next to a trivial program and
+            no program, 64-byte UDP / 1 TCP / 16 TCP flows (bench/per_packet.py);
+            goal <= 150 ns at 16 flows, within 60 ns of trivial, UDP rate >= 0.96.
+  attribution  BPF_PROG_TEST_RUN of the limiter built without parts (bench/per_packet.py).
 The limiter counts L2 frame bytes like tbf (skb wire length); see bpf/limiter.c.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from drl.agent.datapath import Datapath, default_burst
 from drl.agent.model import Mode
+from drl.agent.shaper import Shaper, shape_burst
 from drl.lab.errors import LabError
 from drl.lab.netns import Lab
 from drl.lab.topology import new_run, pair
 from drl.lab.traffic import iperf3, iperf3_server
+
+import per_packet   # bench/per_packet.py: parts packet and attribution (issue 20 item 1)
 
 RATES_MBIT = (10, 50, 200)
 FLOWS = (1, 4, 16)
@@ -126,7 +142,123 @@ def part_depth(net, srv, seconds: float, rate_mbit: float = 50, flows: int = 4) 
     return rows
 
 
+# -- shape mode (issue 20 item 2) ---------------------------------------------------------
+
+WEB_RATE_BPS = 30e6
+WEB_FILE_BYTES = 100 * 1024
+NGINX_CONF = """daemon off; master_process off; worker_processes 1;
+pid {dir}/nginx.pid; error_log {dir}/error.log;
+events {{ worker_connections 256; }}
+http {{ access_log off; client_body_temp_path {dir}/body;
+        server {{ listen {addr}:8080; root {dir}/www; }} }}
+"""
+
+
+def root_drops(host) -> int:
+    """Packets the root qdisc (tbf, or HTB counting its leaves') dropped."""
+    found = re.search(r"root .*?\n.*?dropped (\d+)", host.run("tc", "-s", "qdisc", "show", "dev", "eth0"))
+    return int(found.group(1)) if found else 0
+
+
+def retransmitted(host) -> int:
+    out = host.run("nstat", "-az", "TcpRetransSegs")
+    return int(next(line.split()[1] for line in out.splitlines() if line.startswith("TcpRetransSegs")))
+
+
+@contextlib.contextmanager
+def limited(host, how: str, rate_bps: float):
+    """host's eth0 egress held to rate_bps by drl ``police``, drl ``shape`` or ``tbf`` (the
+    same burst as shape's HTB class and tbf's 50 ms queue, as shape's bfifo); yields a
+    callable giving the limiter's drops so far."""
+    if how == "tbf":
+        host.run("tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{int(rate_bps)}bit",
+                 "burst", str(shape_burst(rate_bps / 8)), "latency", "50ms")
+        try:
+            yield lambda: root_drops(host)
+        finally:
+            host.run("tc", "qdisc", "del", "dev", "eth0", "root")
+        return
+    with Datapath("eth0", netns=host.ns) as dp:
+        shaper = Shaper("eth0", netns=host.ns) if how == "shape" else None
+        try:
+            prio = shaper.set_rate(0, rate_bps / 8) if shaper else 0
+            if shaper and not prio:
+                raise LabError("shape mode could not install its HTB class (see the log line above)")
+            dp.set_class(0, Mode.BUCKET, rate_Bps=rate_bps / 8, shape_prio=prio)
+            yield (lambda: root_drops(host)) if shaper else (lambda: dp.read_counters()[0].dropped_packets)
+        finally:
+            if shaper:
+                shaper.close()
+
+
+def part_shape(net, srv, seconds: float) -> list[dict]:
+    """iperf3 goodput through shape mode over tbf, alternating per cell."""
+    h1, cells = net.hosts[0], []
+    for rate in RATES_MBIT:
+        for flows in FLOWS:
+            got = {}
+            for how in ("shape", "tbf"):
+                with limited(h1, how, rate * 1e6):
+                    got[how] = goodput(h1, srv, seconds, flows)
+            cells.append({"rate_mbit": rate, "flows": flows, **got, "ratio": got["shape"] / got["tbf"]})
+            say(f"shape goodput {rate:>3} Mbit/s x {flows:>2} flows: shape {got['shape'] / 1e6:6.2f}  "
+                f"tbf {got['tbf'] / 1e6:6.2f}  ratio {got['shape'] / got['tbf']:.3f}")
+    return cells
+
+
+def ab_run(client, url: str, concurrency: int, requests: int) -> dict:
+    out = client.run("ab", "-q", "-c", str(concurrency), "-n", str(requests), url)
+    pct = {int(p): float(ms) for p, ms in re.findall(r"^\s+(\d+)%\s+(\d+)", out, re.M)}
+    failed = int(re.search(r"Failed requests:\s+(\d+)", out).group(1))
+    mean = float(re.search(r"Time per request:\s+([\d.]+) \[ms\] \(mean\)", out).group(1))
+    return {"p50_ms": pct[50], "p99_ms": pct[99], "max_ms": pct[100], "mean_ms": mean, "failed": failed}
+
+
+def part_web(net, srv, seconds: float, concurrency: int = 20, requests: int = 2000) -> list[dict]:
+    """ab through 30 Mbit/s of the server's egress: drl police, drl shape, tbf."""
+    h1, h2 = net.hosts
+    # nginx's TCP runs CC too (as iperf3's -C): a host route with congctl (the sysctl is refused in a netns)
+    h2.run("ip", "route", "add", f"{h1.addr4}/32", "dev", "eth0", "congctl", CC)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="drl-web-") as tmp:
+        www = Path(tmp, "www")
+        www.mkdir()
+        (www / "100k.bin").write_bytes(bytes(WEB_FILE_BYTES))
+        conf = Path(tmp, "nginx.conf")
+        conf.write_text(NGINX_CONF.format(dir=tmp, addr=h2.addr4))
+        nginx = h2.popen("nginx", "-c", str(conf), log=Path(tmp, "nginx.out"))
+        url = f"http://{h2.addr4}:8080/100k.bin"
+        for _ in range(50):                        # until nginx answers
+            try:
+                h1.run("ab", "-q", "-n", "1", url)
+                break
+            except LabError:
+                time.sleep(0.1)
+        try:
+            for how in ("police", "shape", "tbf"):
+                with limited(h2, how, WEB_RATE_BPS) as drops:
+                    d0, r0 = drops(), retransmitted(h2)
+                    row = {"mode": how, **ab_run(h1, url, concurrency, requests)}
+                    row.update(drops=drops() - d0, retransmitted=retransmitted(h2) - r0)
+                rows.append(row)
+                say(f"web {how:>6}: p50 {row['p50_ms']:6.0f} ms  p99 {row['p99_ms']:6.0f} ms  "
+                    f"max {row['max_ms']:6.0f} ms  mean {row['mean_ms']:6.0f} ms  failed {row['failed']}  "
+                    f"drops {row['drops']}  retransmitted {row['retransmitted']}")
+        finally:
+            nginx.terminate()
+            nginx.wait(timeout=10)
+    tbf = next(r for r in rows if r["mode"] == "tbf")
+    for r in rows:
+        say(f"web {r['mode']:>6}: p99 / tbf's {r['p99_ms'] / tbf['p99_ms']:.2f} (goal for shape <= 1.2)")
+    return rows
+
+
 PARTS = {"overhead": part_overhead, "cost": part_cost, "goodput": part_goodput, "depth": part_depth}
+PARTS.update(shape=part_shape, web=part_web)
+PARTS.update(packet=lambda net, srv, seconds: per_packet.part_packet(net, srv, seconds, **PACKET_OPTIONS),
+             attribution=lambda net, srv, seconds: per_packet.part_attribution(
+                 net, srv, seconds, rounds=PACKET_OPTIONS["rounds"] + 2, before=PACKET_OPTIONS["before"]))
+PACKET_OPTIONS = {"rounds": 3, "variants": (), "before": per_packet.BEFORE_REV}
 
 
 def main() -> None:
@@ -134,8 +266,14 @@ def main() -> None:
     ap.add_argument("--part", choices=list(PARTS), action="append", help="run only these parts")
     ap.add_argument("--seconds", type=float, default=6, help="iperf3 duration per measurement")
     ap.add_argument("--cc", default=CC, help="TCP congestion control of the senders (default cubic)")
+    ap.add_argument("--rounds", type=int, default=3, help="packet: rounds per program and mix (attribution: +2)")
+    ap.add_argument("--variants", default="", help=f"packet: also these builds, comma-separated "
+                    f"({', '.join(v for v in per_packet.VARIANTS if v != 'limiter')})")
+    ap.add_argument("--before", default=per_packet.BEFORE_REV, help="git revision of the 'before' limiter ('' = none)")
     args = ap.parse_args()
     globals()["CC"] = args.cc
+    PACKET_OPTIONS.update(rounds=args.rounds, before=args.before,
+                          variants=tuple(v for v in args.variants.split(",") if v))
     started = time.monotonic()
     with Lab(pair(new_run("dp"))) as net:
         with iperf3_server(net.hosts[1]) as srv:

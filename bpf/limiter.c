@@ -15,8 +15,6 @@
 #include <uapi/linux/udp.h>
 #include "limiter.h"
 
-#define NS_PER_S 1000000000ULL
-
 BPF_ARRAY(settings, struct settings, 1);                 /* agent writes; classify, sample read */
 /* Classification (agent/classify.py lays them out; the agent writes, classify
  * reads).  Every prefix of a direction sits in one hash, keyed by its length
@@ -32,6 +30,7 @@ BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locke
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
 BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
 BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* sample writes; agent reads */
+BPF_PERCPU_ARRAY(clock_cache, struct clock_cache, 1);     /* clock_ns's own */
 
 /* TCP and UDP both start with the two ports.  l4 is where the transport
  * header would be; ports stay 0 for other protocols and short packets. */
@@ -234,93 +233,167 @@ static __always_inline __u64 wire_bytes(struct __sk_buff *skb)
 	return skb->wire_len;
 }
 
-/* Refill from the clock and take cost for len bytes; 1 = conforming.
- * Tokens are kept as time credit like sch_tbf (credit_ns, capped at the time
- * the bucket takes to fill), so refill needs no multiply that could overflow
- * and a packet's cost is exact to the nanosecond.  A GSO skb passes or drops
- * whole (it is one skb until the driver splits it), so a packet passes while
- * any credit is left and may take the bucket into debt: a 64 KiB GSO skb is
- * never starved by a bucket that small packets keep from filling up, and the
- * long-run rate stays exact (bench/README.md, "bucket depth"). */
-static __always_inline int take_tokens(struct bucket *b, __u64 rate, __u64 burst, __u64 len, __u64 now)
-{
-	__s64 full_ns;
-
-	if (rate == 0)
-		return 0;
-	full_ns = burst * NS_PER_S / rate;
-	if (now > b->last_ns) {  /* another CPU may have refilled at a later now */
-		b->credit_ns += now - b->last_ns;
-		b->last_ns = now;
-	}
-	if (b->credit_ns > full_ns)
-		b->credit_ns = full_ns;
-	if (b->credit_ns <= 0)
-		return 0;
-	b->credit_ns -= len * NS_PER_S / rate;
-	return 1;
-}
-
-/* Take len bytes from the class's allowance (volume quota); 1 = allowed.
- * quota_seq 0 means no quota; a new quota_seq from the agent reloads the
- * allowance with quota_bytes.  Caller holds b->lock. */
-static __always_inline int take_quota(struct bucket *b, const struct class_config *c, __u64 len)
-{
-	if (!c->quota_seq)
-		return 1;
-	if (b->quota_seq != c->quota_seq) {
-		b->quota_seq = c->quota_seq;
-		b->quota_left = c->quota_bytes;
-	}
-	if (b->quota_left < len)
-		return 0;
-	b->quota_left -= len;
-	return 1;
-}
-
 /* What applies to a class right now: its config, or the fail-safe when
- * the agent went silent, with the slow-start floor under a bucket's rate. */
+ * the agent went silent, with the slow-start floor under a bucket's rate.
+ * A rate is a price in time per byte (limiter.h class_config). */
 struct policy {
-	__u64 rate;
-	__u64 burst;
+	__u64 ns_per_byte;
+	__u64 depth_ns;
 	__u32 mode;
 };
 
 static __always_inline struct policy policy_of(const struct class_config *c, __u64 now)
 {
-	struct policy p = { .rate = c->rate_Bps, .burst = c->burst_bytes, .mode = c->mode };
+	struct policy p = { .ns_per_byte = c->ns_per_byte, .depth_ns = c->depth_ns, .mode = c->mode };
 
 	/* Fail-safe: the agent stopped refreshing the config, so its decision is
 	 * stale; enforce the safe rate by ourselves (the lease of
 	 * [RLDesign], "safe" policy). */
 	if (c->timeout_ns && now > c->updated_ns + c->timeout_ns) {
 		p.mode = c->safe_rate_Bps == UNLIMITED ? MODE_PASS : MODE_BUCKET;
-		p.rate = c->safe_rate_Bps;
-		p.burst = c->safe_burst_bytes;
+		p.ns_per_byte = c->safe_ns_per_byte;
+		p.depth_ns = c->safe_depth_ns;
 	}
-	/* FPS slow start: a bucket slower than floor_rate_Bps (0 included)
+	/* FPS slow start: a bucket slower than the floor (rate 0 included)
 	 * still lets that many bytes per second through, so a new flow's SYN and
 	 * first packets get out ([Raghavan07] end of §3.2.2), and
 	 * so does a starved flow's retransmission: at a few bytes per second
-	 * every retransmission would be dropped and TCP would back off for good. */
-	if (p.mode == MODE_BUCKET && p.rate < c->floor_rate_Bps) {
-		p.rate = c->floor_rate_Bps;
-		p.burst = c->floor_rate_Bps;
+	 * every retransmission would be dropped and TCP would back off for good.
+	 * Slower is a higher price per byte; price 0 is rate 0, the slowest. */
+	if (p.mode == MODE_BUCKET && c->floor_ns_per_byte &&
+	    (!p.ns_per_byte || p.ns_per_byte > c->floor_ns_per_byte)) {
+		p.ns_per_byte = c->floor_ns_per_byte;
+		p.depth_ns = c->floor_depth_ns;
 	}
 	return p;
 }
 
-/* Take len bytes from the class's bucket and quota under its lock; 1 = pass. */
-static __always_inline int take(struct bucket *b, const struct class_config *c, const struct policy *p,
-				__u64 len, __u64 now)
+/* A packet's price in ns, rounded up like the price per byte (agent/bucket.py),
+ * so the bucket never passes more than the rate: a truncated nanosecond per
+ * packet would be 0.1 % too much at a million packets a second, whatever the
+ * rate.  Rounding up costs at most as much the other way.  len < 2^20 (a
+ * 512 KB BIG TCP skb included) and ns_per_byte <= 2^43 (agent/abi.py
+ * MAX_NS_PER_BYTE): the product fits in 64 bits. */
+static __always_inline __u64 cost_ns(__u64 len, __u64 ns_per_byte)
+{
+	return (len * ns_per_byte + (1ULL << NS_FRAC_BITS) - 1) >> NS_FRAC_BITS;
+}
+
+/* ns of credit (or debt) priced at `from` as ns at `to`: the same bytes, at
+ * most cap_ns.  Every product stays under 2^57: ns is capped at MAX_DEPTH_NS
+ * (2^40), and bytes * to is only formed when it is below cap_ns << 16. */
+static __always_inline __u64 convert_ns(__u64 ns, __u64 from, __u64 to, __u64 cap_ns)
+{
+	__u64 bytes;
+
+	if (ns > MAX_DEPTH_NS)
+		ns = MAX_DEPTH_NS;
+	bytes = (ns << NS_FRAC_BITS) / from;
+	if (bytes >= (cap_ns << NS_FRAC_BITS) / to)
+		return cap_ns;
+	return cost_ns(bytes, to);
+}
+
+/* The price changed since tat was last charged: the agent wrote a new rate
+ * (FPS does every tick), or the fail-safe or the floor took over.  now - tat
+ * is credit as time at the old price, and the same time at the new price is
+ * other bytes: a class in debt for a 64 KB skb at the 15 KB/s floor (4 s)
+ * would stay shut for 4 s after FPS gave it 10 MB/s, and a full bucket
+ * would pass a whole new depth after a raise.  So credit and debt are kept
+ * as bytes, credit capped at the new depth: the new rate holds from the next
+ * packet, with no burst the old bucket did not hold.  One CPU converts, the
+ * one whose cmpxchg on ns_per_byte wins; a packet the other charges at the
+ * new price against the old tat meanwhile is off by its own cost at most.  A
+ * CPU that moves tat between our read and our cmpxchg makes us read again
+ * (4 tries: the verifier wants a bound; all 4 lost leave the credit as time). */
+static __always_inline void rescale(struct bucket *b, const struct policy *p, __u64 was, __u64 now)
+{
+	if (__sync_val_compare_and_swap(&b->ns_per_byte, was, p->ns_per_byte) != was || !was)
+		return;  /* another CPU converts; or a fresh bucket (0: tat is plain time) */
+	for (int i = 0; i < 4; i++) {
+		__u64 tat = b->tat, moved;
+
+		if ((__s64)(now - tat) >= 0)
+			moved = now - convert_ns(now - tat, was, p->ns_per_byte, p->depth_ns);
+		else
+			moved = now + convert_ns(tat - now, was, p->ns_per_byte, MAX_DEPTH_NS);
+		if (__sync_val_compare_and_swap(&b->tat, tat, moved) == tat)
+			return;
+	}
+}
+
+/* The token bucket as virtual time (GCRA, the ATM cell-rate algorithm; the
+ * same idea as sch_fq's and cilium's EDT horizons): tat is the moment the
+ * bucket runs out, so credit = now - tat ns at the class's price, at most
+ * depth_ns (a bucket idle for longer is full, not fuller).  No refill step,
+ * no division: the agent priced the rate (agent/bucket.py).
+ *
+ * A GSO skb passes or drops whole (it is one skb until the driver splits
+ * it), so a packet passes while any credit is left (tat < now) and may take
+ * the bucket into debt: a 64 KiB GSO skb is never starved by a bucket that
+ * small packets keep from filling up (bench/README.md, "bucket depth").
+ *
+ * Lock-free: a passed packet adds its cost to tat with one atomic add; a
+ * refused one writes nothing (the price of shadow mode and of drops is one
+ * load).  Two CPUs that both see credit both pass: at most one packet of
+ * debt per CPU, paid before anything else passes, and the long-run rate is
+ * exact because every passed packet added its whole cost.  Only a full
+ * bucket needs tat set, not moved, to now - depth + cost: one cmpxchg; if
+ * another CPU moved tat meanwhile it clamped or charged first, and our add
+ * lands on top of its value.  tat never goes back, except in rescale.
+ *
+ * With the coarse clock (clock_ns) now lags by up to two jiffies; every
+ * clock reading is at most the true time, so over any interval the bucket
+ * passes at most rate x time + depth + one packet per CPU
+ * (tests/unit/test_bucket_model.py), and a refusal is checked on the fine
+ * clock (below). */
+static __always_inline int take_tokens(struct bucket *b, const struct policy *p, __u64 len, __u64 now)
+{
+	__u64 was = b->ns_per_byte, tat, full;
+
+	if (!p->ns_per_byte)
+		return 0;  /* rate 0 */
+	if (was != p->ns_per_byte)
+		rescale(b, p, was, now);
+	tat = b->tat;
+	if ((__s64)(now - tat) <= 0) {
+		/* No credit as of the coarse clock (clock_ns), up to two jiffies
+		 * old: refusing on it would refill the bucket in 4 ms steps and drop
+		 * whatever comes in a step once it is empty, bursts of loss that left
+		 * TCP in retransmission timeouts (test_datapath.py's IPv6 test, 3 of 5
+		 * runs).  So a refusal is decided on the fine clock, as before: only
+		 * packets at the edge of the bucket pay for it. */
+		if (!CLOCK_COARSE)
+			return 0;
+		now = bpf_ktime_get_ns();
+		if ((__s64)(now - tat) <= 0)
+			return 0;  /* no credit */
+	}
+	full = now - p->depth_ns;
+	if ((__s64)(tat - full) < 0 &&
+	    __sync_val_compare_and_swap(&b->tat, tat, full + cost_ns(len, p->ns_per_byte)) == tat)
+		return 1;
+	__sync_fetch_and_add(&b->tat, cost_ns(len, p->ns_per_byte));
+	return 1;
+}
+
+/* Take len bytes from the class's allowance (volume quota); 1 = allowed.
+ * A new quota_seq from the agent reloads the allowance with quota_bytes.
+ * Under the bucket's lock: a test and a subtraction that two CPUs must not
+ * interleave (a quota class pays the lock, the others never take it). */
+static __always_inline int take_quota(struct bucket *b, const struct class_config *c, __u64 len)
 {
 	int ok = 1;
 
 	bpf_spin_lock(&b->lock);
-	if (p->mode == MODE_BUCKET)
-		ok = take_tokens(b, p->rate, p->burst, len, now);
-	if (ok)
-		ok = take_quota(b, c, len);
+	if (b->quota_seq != c->quota_seq) {
+		b->quota_seq = c->quota_seq;
+		b->quota_left = c->quota_bytes;
+	}
+	if (b->quota_left < len)
+		ok = 0;
+	else
+		b->quota_left -= len;
 	bpf_spin_unlock(&b->lock);
 	return ok;
 }
@@ -360,9 +433,28 @@ static __always_inline __u64 police(__u32 class_id, __u64 len, __u64 now)
 	 * ([Raghavan07] Fig. 1, lines 4-6). */
 	if (p.mode == MODE_DROP && (__u64)bpf_get_prandom_u32() < c->drop_prob)
 		return refuse(c);
-	if (p.mode != MODE_BUCKET && !c->quota_seq)
-		return VERDICT_PASS;  /* nothing to take: skip the lock */
-	return take(b, c, &p, len, now) ? VERDICT_PASS : refuse(c);
+	if (p.mode == MODE_BUCKET && !take_tokens(b, &p, len, now))
+		return refuse(c);
+	if (c->quota_seq && !take_quota(b, c, len))
+		return refuse(c);
+	return VERDICT_PASS;
+}
+
+/* Shape mode (config.shape_prio, agent/shaper.py): the class is queued, not policed.  Its
+ * packets pass with skb->priority = its HTB class d1d1:<id+1>; HTB takes a priority that
+ * names one of its leaf classes before any filter (sch_htb.c htb_classify), and this clsact
+ * egress hook runs in __dev_queue_xmit before the root qdisc's enqueue, so HTB sees it.
+ * A stale config (the agent silent past timeout_ns) is policed again at the fail-safe
+ * rate (policy_of): the HTB class would hold the dead agent's last rate for good.
+ * 1 = shaped. */
+static __always_inline int shape(struct __sk_buff *skb, __u32 class_id, __u64 now)
+{
+	struct class_config *c = config.lookup(&class_id);
+
+	if (!c || !c->shape_prio || (c->timeout_ns && now > c->updated_ns + c->timeout_ns))
+		return 0;
+	skb->priority = c->shape_prio;
+	return 1;
 }
 
 static __always_inline void count(struct counters *ctr, __u64 len, int passed)
@@ -387,30 +479,110 @@ static __always_inline int bypass(__u64 len)
 	return TC_ACT_OK;
 }
 
-/* FPS-HANDLE-PACKET line 1 ([Raghavan07] Fig. 2): a new flow
- * joins the sample set with probability sample_prob; a tracked flow is
- * updated on every packet (bytes that passed). */
-static __always_inline void sample_flow(const struct settings *s, struct flow_key *k, __u32 class_id,
-					__u64 len, int passed, __u64 now)
+/* How many packets the next gap between visits to the flow table should
+ * average: this CPU's packets of the class per FLOW_VISIT_NS, measured over
+ * windows of 16 ms or more, between 1 (below 4,000 packets/s: every packet,
+ * exact) and FLOW_MAX_GAP.  One division per window. */
+static __always_inline __u32 visit_every(struct counters *ctr, __u64 now)
 {
-	struct flow_stats *f = flows.lookup(k);
+	__u64 packets = ctr->passed_packets + ctr->dropped_packets, every;
 
+	if (now - ctr->flow_mark_ns < 16000000 && ctr->flow_every)
+		return ctr->flow_every;
+	every = (packets - ctr->flow_mark_packets) * FLOW_VISIT_NS / (now - ctr->flow_mark_ns | 1);
+	ctr->flow_mark_ns = now;
+	ctr->flow_mark_packets = packets;
+	return every < 1 ? 1 : every > FLOW_MAX_GAP ? FLOW_MAX_GAP : every;
+}
+
+/* FPS-HANDLE-PACKET line 1 ([Raghavan07] Fig. 2): a new flow joins the
+ * sample set with probability sample_prob; a tracked flow counts the bytes
+ * that passed.  An LRU lookup and two atomic adds cost ~40 ns (bench/README.md,
+ * "per packet"), so not every packet visits the table: the gaps between
+ * visits, counted per CPU and class in counters, are random, uniform over
+ * 1 .. 2m - 1 packets, and the packet that ends a gap of mean m counts m
+ * times (Horvitz-Thompson: each flow's bytes are an unbiased estimate).  m
+ * follows the class's packet rate (visit_every) so that a CPU visits about
+ * once per FLOW_VISIT_NS: a slow class is counted exactly, and a fast one,
+ * whose flows have many packets, gets ~4,000 visits a second per CPU, a
+ * few % error per flow and second at 8 flows (the estimator smooths flow
+ * shares over seconds: agent/estimator.py; tests/kernel/test_flow_sampling.py).
+ * A fixed 1 in 16 was not enough: a flow paced at 8 Mbit/s in 37 KB GSO skbs
+ * got under 2 visits a second.  Random, not every m-th: 16 flows taking turns
+ * on a CPU would show a counter the same flow every time.  A visiting packet
+ * of an untracked flow joins with sample_prob x m (at most 1), so a packet
+ * still joins with sample_prob (at most 1/m).  last_ns is the time of the
+ * flow's last visiting packet. */
+static __always_inline void sample_flow(const struct settings *s, struct counters *ctr, struct flow_key *k,
+					__u32 class_id, __u64 len, int passed, __u64 now)
+{
+	struct flow_stats *f;
+	__u64 gap;
+	__u32 every;
+
+	if (!ctr)
+		return;
+	if (ctr->flow_skip) {
+		ctr->flow_skip--;
+		return;
+	}
+	gap = ctr->flow_every ? ctr->flow_every : 1;       /* the mean of the gap this packet ends */
+	every = visit_every(ctr, now);
+	ctr->flow_every = every;
+	ctr->flow_skip = every > 1 ? bpf_get_prandom_u32() % (2 * every - 1) : 0;
+	f = flows.lookup(k);
 	if (f) {
 		if (passed) {
-			__sync_fetch_and_add(&f->bytes, len);
-			__sync_fetch_and_add(&f->packets, 1);
+			__sync_fetch_and_add(&f->bytes, len * gap);
+			__sync_fetch_and_add(&f->packets, gap);
 		}
 		f->last_ns = now;
 		return;
 	}
-	if ((__u64)bpf_get_prandom_u32() >= s->sample_prob)
+	if ((__u64)bpf_get_prandom_u32() >= s->sample_prob * gap)
 		return;
 	struct flow_stats fresh = {
-		.bytes = passed ? len : 0, .packets = passed ? 1 : 0,
+		.bytes = passed ? len * gap : 0, .packets = passed ? gap : 0,
 		.first_ns = now, .last_ns = now, .class_id = class_id,
 	};
 	flows.insert(k, &fresh);  /* NOEXIST: a racing CPU's entry wins */
 }
+
+/* One clock read per policed packet, shared by police and sample.  Coarse
+ * (CLOCK_COARSE, agent/abi.py): CLOCK_MONOTONIC_COARSE, the time at the last
+ * jiffy (4 ms at HZ=250), which changes once a jiffy, so each CPU reads it
+ * once a jiffy and keeps it with the jiffy it belongs to: a packet pays
+ * bpf_jiffies64 (one load) and a compare, not the ~15 ns of the timekeeper's
+ * read, nor the ~35 ns of bpf_ktime_get_ns (bench/README.md, "per packet").
+ * A packet that sees a new jiffy before the tick updated the timekeeper keeps
+ * the old time for that jiffy: now lags by up to two jiffies.  The bucket
+ * loses nothing but the lag (take_tokens); the fail-safe compares against the
+ * agent's CLOCK_MONOTONIC stamp, late by 8 ms at most, and the flow table's
+ * times are read at a 1 s scale (agent/estimator.py). */
+static __always_inline __u64 clock_ns(void)
+{
+	struct clock_cache *c;
+	__u32 zero = 0;
+	__u64 j;
+
+	if (!CLOCK_COARSE)
+		return bpf_ktime_get_ns();
+	c = clock_cache.lookup(&zero);
+	if (!c)
+		return bpf_ktime_get_coarse_ns();
+	j = bpf_jiffies64();
+	if (c->jiffies != j) {
+		c->jiffies = j;
+		c->ns = bpf_ktime_get_coarse_ns();
+	}
+	return c->ns;
+}
+
+/* bench/datapath.py builds the program without parts of the pipeline
+ * (BENCH_SKIP, agent/abi.py; 0 in the agent) to attribute its cost. */
+#define SKIP_FLOWS 1
+#define SKIP_POLICE 2
+#define SKIP_CLOCK 4    /* now = 0: only with SKIP_POLICE (a bucket at time 0 refuses all) */
 
 /* Attached at tc egress (clsact, direct-action) by agent/datapath.py:
  * parse -> classify -> police -> count -> sample. */
@@ -420,6 +592,7 @@ int drl_egress(struct __sk_buff *skb)
 	__u32 zero = 0, class_id;
 	__u64 len = wire_bytes(skb), now;
 	struct settings *s = settings.lookup(&zero);
+	struct counters *ctr;
 	__s64 found;
 	__u64 verdict;
 
@@ -431,9 +604,14 @@ int drl_egress(struct __sk_buff *skb)
 	if (found == NO_CLASS)
 		return bypass(len);
 	class_id = found;
-	now = bpf_ktime_get_ns();
-	verdict = police(class_id, len, now);
-	count(counters.lookup(&class_id), len, verdict == VERDICT_PASS);
-	sample_flow(s, &key, class_id, len, verdict == VERDICT_PASS, now);
+	now = (BENCH_SKIP & SKIP_CLOCK) ? 0 : clock_ns();
+	if (BENCH_SKIP & SKIP_POLICE)
+		verdict = VERDICT_PASS;
+	else
+		verdict = shape(skb, class_id, now) ? VERDICT_PASS : police(class_id, len, now);
+	ctr = counters.lookup(&class_id);
+	count(ctr, len, verdict == VERDICT_PASS);
+	if (!(BENCH_SKIP & SKIP_FLOWS))
+		sample_flow(s, ctr, &key, class_id, len, verdict == VERDICT_PASS, now);
 	return verdict == VERDICT_DROP ? DROP_ACTION : TC_ACT_OK;
 }

@@ -52,6 +52,15 @@
 #if !defined(MODE_PASS) || !defined(MODE_BUCKET) || !defined(MODE_DROP)
 #error "MODE_* come from agent/abi.py"
 #endif
+/* The bucket's fixed point (limiter.c take_tokens, agent/bucket.py), how
+ * often a packet visits the flow table (sample_flow), the clock, and the
+ * bench-only parts left out (bench/datapath.py; 0 in the agent). */
+#if !defined(NS_FRAC_BITS) || !defined(MAX_DEPTH_NS) || !defined(FLOW_VISIT_NS) || !defined(FLOW_MAX_GAP)
+#error "NS_FRAC_BITS, MAX_DEPTH_NS, FLOW_VISIT_NS, FLOW_MAX_GAP come from agent/abi.py"
+#endif
+#if !defined(CLOCK_COARSE) || !defined(BENCH_SKIP)
+#error "CLOCK_COARSE, BENCH_SKIP come from agent/abi.py"
+#endif
 
 /* One rule of a classification entry (agent/classify.py places them).
  * Written by agent/datapath.py (_encode_rule) from agent/classes.py ClassRule.
@@ -135,17 +144,28 @@ struct class_config {
 	__u32 quota_seq;           /* 0 = no quota; agent/datapath.py bumps it on every new allowance */
 	__u32 mode;                /* MODE_* */
 	__u32 shadow;              /* 1 = a would-be drop is counted as dropped but passed (limiter.c refuse) */
-	__u32 pad0;
+	__u32 shape_prio;          /* 0 = police; else the class's HTB handle, set as skb->priority (limiter.c shape) */
+	/* The three buckets above as time, worked out by agent/bucket.py
+	 * (bucket_times) so that a packet never divides (limiter.c take_tokens):
+	 * ns_per_byte is 1e9 / rate in 2^-NS_FRAC_BITS ns (0 = rate 0), depth_ns
+	 * the depth at that price. */
+	__u64 ns_per_byte;
+	__u64 depth_ns;
+	__u64 safe_ns_per_byte;
+	__u64 safe_depth_ns;
+	__u64 floor_ns_per_byte;   /* 0 = no floor */
+	__u64 floor_depth_ns;
 };
 
-/* buckets[class_id]: token bucket state, written only by the program under
- * the lock (two CPUs may police the same class at once).  agent/datapath.py
- * reads quota_left (read_quota). */
+/* buckets[class_id]: bucket and quota state, written by the program (two
+ * CPUs may police the same class at once: tat with atomics, the quota under
+ * the lock).  agent/datapath.py reads quota_left (read_quota) and writes
+ * tat = now in reset_class (an empty bucket). */
 struct bucket {
-	struct bpf_spin_lock lock;
+	struct bpf_spin_lock lock; /* quota only */
 	__u32 quota_seq;           /* config.quota_seq that quota_left was loaded from */
-	__s64 credit_ns;           /* tokens as time at rate_Bps, like sch_tbf; < 0 = debt */
-	__u64 last_ns;             /* last refill */
+	__u64 tat;                 /* virtual time (GCRA): credit is now - tat ns at ns_per_byte, < 0 = debt */
+	__u64 ns_per_byte;         /* the price tat was last charged at; 0 = fresh (limiter.c rescale) */
 	__u64 quota_left;          /* bytes the class may still pass (when config.quota_seq != 0) */
 };
 
@@ -158,6 +178,19 @@ struct counters {
 	__u64 passed_packets;
 	__u64 dropped_bytes;
 	__u64 dropped_packets;
+	/* The program's own (limiter.c sample_flow): when this CPU's packets of
+	 * the class next visit the flow table. */
+	__u32 flow_skip;           /* packets before the next visit */
+	__u32 flow_every;          /* mean gap the current flow_skip was drawn with; 0 = 1 */
+	__u64 flow_mark_ns;        /* start of the window the packet rate is measured over */
+	__u64 flow_mark_packets;   /* passed + dropped packets at flow_mark_ns */
+};
+
+/* clock_cache[0] (per CPU): the coarse clock as of the jiffy it was read in
+ * (limiter.c clock_ns); the program's own, nobody else reads it. */
+struct clock_cache {
+	__u64 jiffies;
+	__u64 ns;
 };
 
 /* flows: key of the LRU flow table (FPS's sample set). Addresses as in rule. */

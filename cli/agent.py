@@ -44,6 +44,8 @@ class Mark(click.ParamType):
 
 MARK = Mark()
 
+RELOAD_TIMEOUT_S = 60.0
+
 
 @click.group(context_settings={"auto_envvar_prefix": "DRL", "help_option_names": ["-h", "--help"]})
 @version_option
@@ -90,6 +92,9 @@ def main() -> None:
 @click.option("--shadow", is_flag=True,
               help="Shadow mode for every class: count what the limits would drop (dropped_*), drop nothing "
                    "(per class: shadow = true in --config; docs/config.md).")
+@click.option("--enforce", type=click.Choice(["police", "shape"]), default="police", show_default=True,
+              help="How every class's local limit is enforced: police (drop what exceeds it) or shape (queue "
+                   "it in an HTB class at that rate) (per class: enforce = \"shape\" in --config; docs/config.md).")
 @click.option("--state-dir", default="/var/lib/drl", show_default=True,
               help="Where allocators that must survive a restart keep their state (dqmp).")
 @click.option("--gossip-mark", type=MARK, default=f"{GOSSIP_MARK:#x}", show_default=True,
@@ -147,7 +152,9 @@ def load_config(path: str | None, opts: dict, explicit: set[str], check_host: bo
 def reload(socket_path: str) -> None:
     """Ask the agent on SOCKET to re-read its --config file (as SIGHUP does)."""
     try:
-        reply = request(socket_path, "reload")
+        # a reload may rewrite thousands of classes' rules and slots: more time than a status
+        # gets (3 s), so systemd's ExecReload does not report a reload still going on as failed
+        reply = request(socket_path, "reload", timeout_s=RELOAD_TIMEOUT_S)
     except ControlError as e:
         raise click.ClickException(str(e)) from None
     click.echo("reloaded: " + ", ".join(f"{what} {', '.join(reply[what]) or '-'}"

@@ -29,7 +29,7 @@ import click
 
 # Options that belong to one class; the rest are agent-wide.
 CLASS_OPTIONS = ("global_Bps", "allocator", "class_specs", "burst_bytes", "safe_Bps", "ewma", "flow_ewma",
-                 "eta", "quota", "lease_servers", "on_lease_loss", "shadow")
+                 "eta", "quota", "lease_servers", "on_lease_loss", "shadow", "enforce")
 PER_CLASS_ONLY = ("global_Bps", "class_specs")        # a default for every class makes no sense
 NOT_IN_FILE = ("config",)          # the file does not name itself
 _FILE_KEY = {"class_specs": "match"}

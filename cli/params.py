@@ -11,6 +11,7 @@ import click
 
 from drl.agent import units
 
+
 def version_option(command):
     """--version: the installed distribution's version (pyproject.toml).
 

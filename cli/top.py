@@ -7,7 +7,8 @@
 A frame comes from two successive ``status`` reads on the control socket (the
 request ``drlctl status`` makes): drops/s and the gossip rates are counter
 differences over the agent's own time between the reads (its ``uptime_s``),
-so a slow read does not skew them.  :func:`frame` is the whole layout, pure
+so a slow socket does not skew them; the counters are those of the agent's
+last tick, so a rate can be off by up to one interval over the refresh.  :func:`frame` is the whole layout, pure
 (two statuses and the time between them in, lines of text out); the curses
 part only paints lines and reads keys.
 """

@@ -7,7 +7,8 @@
 Layers, each usable alone: ``spec`` (the experiment as data) <- ``reader``
 (the TOML format) -> ``preflight`` (what the run needs of this machine) ->
 ``topology`` (names, addresses, routes and the commands that build them; pure)
--> ``netns`` (execute and tear down) -> ``agents``/``traffic`` (processes in
+-> ``netns`` (execute and tear down; ``delay``: the delay line for link delay
+and loss where the kernel has no netem) -> ``agents``/``traffic`` (processes in
 the namespaces) -> ``faults`` (signals and nftables during a run) ->
 ``collector`` (samples) -> ``metrics`` -> ``results`` -> ``plots``;
 ``runner`` wires one run.  docs/lab.md documents the format and the naming.

@@ -8,7 +8,11 @@
 
 Every network of the project, an experiment's or a kernel test's, is built
 here from its Topology's one list of commands, so what links and hosts can
-do (shaping, delay, faults) is added in one place.
+do (shaping, delay, faults) is added in one place.  Links with delay, jitter
+or loss use netem where the kernel has it; elsewhere the Lab starts one
+delay-line relay per such link (lab/delay.py) right after the build, and
+``lab.delay_stats()`` reads what each relay dropped (also after teardown:
+the relays' last words).
 
 Teardown is by name, never by pattern: the processes this Lab started (by
 pid), then every process still inside one of the run's namespaces (``ip netns
@@ -19,6 +23,8 @@ with an ``owner`` file, so ``clean`` can tell a live run from a dead one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -28,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .delay import read_stats
 from .errors import LabError
-from .preflight import require_root
+from .preflight import netem_available, require_root
 from .topology import RUN, Topology
 
 STATE_DIR = Path("/run/drl-lab")
@@ -55,12 +62,20 @@ def poll(ready: Callable[[], bool], timeout_s: float, period_s: float = 0.05) ->
     return True
 
 
+RELAY_START_S = 10.0   # a relay is a fresh Python process: it forwards in ~0.1 s on an idle machine
+
+
 class Lab:
     def __init__(self, plan: Topology):
+        if plan.netem is None and any(v.link and v.link.impaired for v in plan.veths):
+            plan = dataclasses.replace(plan, netem=netem_available())
         self.plan = plan
         self.state = STATE_DIR / plan.run
         self.procs: list[subprocess.Popen] = []
         self.hosts = [Host(self, h) for h in plan.hosts if plan.address(h)]
+        self.relays: dict[int, subprocess.Popen] = {}    # link index -> its delay line's relay
+        self._end_drops: dict[tuple[str, str], int] = {}   # (ns, iface) -> tx_dropped when its relay started
+        self._final_stats: list[dict] | None = None
 
     def __enter__(self) -> "Lab":
         require_root()
@@ -69,6 +84,7 @@ class Lab:
         try:
             for cmd in self.plan.build_commands():
                 sh(cmd)
+            self._start_delay_lines()
         except BaseException:
             self.teardown()
             raise
@@ -100,10 +116,48 @@ class Lab:
         for cmd in cmds:
             sh(cmd)
 
+    def _start_delay_lines(self) -> None:
+        """One relay per delay line, in the line's namespace; each is forwarding when its stats
+        file appears."""
+        for line in self.plan.delay_lines():
+            stats = self._stats_file(line.index)
+            log = self.state / f"delay-{line.index}.log"
+            proc = self.spawn(line.host, line.argv(str(stats)), log=log)
+            self.relays[line.index] = proc
+            if not poll(lambda: stats.exists() or proc.poll() is not None, RELAY_START_S) or not stats.exists():
+                tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+                raise LabError(f"the delay line of link {line.index} ({line.veth.a.host}-{line.veth.b.host}) "
+                               f"did not start: {tail[0] if tail else 'no output'}")
+            for end in (line.veth.a, line.veth.b):   # what the ends sent before the relay's ports were up
+                key = (self.plan.ns(end.host), end.name)
+                self._end_drops[key] = _tx_dropped(*key) or 0
+
+    def _stats_file(self, index: int) -> Path:
+        return self.state / f"delay-{index}.json"
+
+    def delay_stats(self) -> list[dict]:
+        """Per delay line: ``link`` index, ``ends``, and its relay's counters (lab/delay.py) as last
+        written (every 0.5 s; after teardown, the relay's final ones)."""
+        if self._final_stats is not None:
+            return self._final_stats
+        rows = []
+        for line in self.plan.delay_lines():
+            doc = read_stats(self._stats_file(line.index)) or {}
+            for end, peer in ((line.veth.a, line.veth.b), (line.veth.b, line.veth.a)):
+                # dropped before the relay could read them: the relay namespace's input backlog was full
+                direction = doc.get("directions", {}).get(f"{end.host}->{peer.host}")
+                key = (self.plan.ns(end.host), end.name)
+                if direction is not None and (now := _tx_dropped(*key)) is not None:
+                    direction["end_tx_dropped"] = now - self._end_drops.get(key, 0)
+            rows.append({"link": line.index, "ends": [line.veth.a.host, line.veth.b.host], **doc})
+        return rows
+
     def teardown(self) -> None:
         for proc in reversed(self.procs):
             stop(proc)
         self.procs.clear()
+        if self._final_stats is None and self.relays:
+            self._final_stats = self.delay_stats()   # the relays wrote their last counts on SIGTERM
         remove_run(self.plan.run)
 
 
@@ -187,6 +241,15 @@ def clean() -> tuple[list[str], list[str]]:
         if not alive:
             remove_run(run)
     return removed, running
+
+
+def _tx_dropped(ns: str, ifname: str) -> int | None:
+    """The kernel's tx_dropped of ``ifname`` in ``ns`` (None: it is gone)."""
+    res = subprocess.run(["ip", "-n", ns, "-j", "-s", "link", "show", "dev", ifname], capture_output=True, text=True)
+    try:
+        return json.loads(res.stdout)[0]["stats64"]["tx"]["dropped"]
+    except (ValueError, LookupError):
+        return None
 
 
 def _namespaces() -> list[str]:

@@ -6,8 +6,10 @@
 
 Reading a file (lab/reader.py) never looks at the machine, so a file written
 on one host loads on every other; only the run asks whether this kernel has
-the netem qdisc, the congestion control the file names, or nft for faults.  Failures keep the
-file:line form of the reader's errors.
+the congestion control the file names, or nft for faults.  Failures keep the
+file:line form of the reader's errors.  Link delay and loss need nothing: netem
+where the kernel has it (``netem_available``), else the lab's own delay line
+(lab/delay.py).
 """
 from __future__ import annotations
 
@@ -54,11 +56,6 @@ def check(exp: Experiment) -> None:
         if fault.action in ("loss", "partition") and not shutil.which("nft"):
             raise field_error(exp, f"[[fault]] #{fault.index + 1}", "fault", fault.index, "action",
                               f"{fault.action} needs nftables' nft (apt install nftables)")
-    for i, link in enumerate(exp.links):
-        for key, value in (("delay", link.delay_s), ("loss", link.loss_pct)):
-            if value is not None and not netem_available():
-                raise field_error(exp, f"[[link]] #{i + 1}", "link", i, key,
-                                  "needs the sch_netem qdisc, which this kernel does not have; remove the field")
 
 
 def available_cc() -> list[str] | None:
@@ -68,7 +65,7 @@ def available_cc() -> list[str] | None:
 
 
 def netem_available() -> bool:
-    """Whether delay/loss links can be built: sch_netem loaded, or present as a module."""
+    """Whether the kernel has sch_netem (loaded, or as a module); without it, links get the delay line."""
     release = Path("/proc/sys/kernel/osrelease").read_text().strip()
     if Path("/sys/module/sch_netem").exists():
         return True

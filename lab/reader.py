@@ -1,6 +1,6 @@
 """Read an experiment file (TOML) into a :class:`~lab.spec.Experiment`, with located errors.
 
-    >>> from lab.reader import load
+    >>> from drl.lab.reader import load
     >>> load("lab/experiments/baseline.toml").name
     'baseline'
 
@@ -130,9 +130,40 @@ def _hosts(t: "_Table") -> dict[str, str]:
 def _link(t: "_Table") -> Link:
     ends = t.names("ends", 2)
     link = Link(ends[0], ends[1], rate_Bps=t.rate("rate", None),
-                delay_s=t.duration("delay", None), loss_pct=t.percent("loss", None))
+                **link_impairment(t._get("delay", None), t._get("jitter", None), t._get("loss", None), t.error))
     t.finish()
     return link
+
+
+MAX_DELAY_S = 1.0   # one way; more is likelier a unit slip ("40" for 40 ms) than a wish
+
+
+def link_impairment(delay: Any, jitter: Any, loss: Any, fail: Callable[[str, str], Exception]) -> dict:
+    """A link's ``delay``, ``jitter`` (durations, each direction) and ``loss`` (``"1%"``, each
+    direction) as written in a file or given to lab/topology.py's pair()/star(): keyword
+    arguments of spec.Link; ``fail(field, message)`` makes the error."""
+    out: dict[str, float] = {}
+    for key, value in (("delay", delay), ("jitter", jitter)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise fail(key, f"expected a duration like '20ms', got {value!r}")
+        try:
+            seconds = parse_duration(str(value))   # a bare number is seconds, as everywhere in the file
+        except UnitError as e:
+            raise fail(key, str(e)) from None
+        if seconds > MAX_DELAY_S:
+            raise fail(key, f"at most {MAX_DELAY_S:g}s one way, got {value!r}")
+        out[f"{key}_s"] = seconds
+    if loss is not None:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", loss) if isinstance(loss, str) else None
+        if not m or float(m.group(1)) >= 100:
+            raise fail("loss", f"expected a percentage below 100 like '1%' or '0.5%', got {loss!r}")
+        out["loss_pct"] = float(m.group(1))
+    if out.get("jitter_s", 0) > out.get("delay_s", 0):
+        raise fail("jitter", f"must not exceed the delay ({out.get('delay_s', 0) * 1e3:g}ms): "
+                             "a frame cannot leave before it arrived")
+    return out
 
 
 def _traffic(t: "_Table", duration: float) -> Traffic:
@@ -382,15 +413,6 @@ class _Table:
 
     def size(self, key, default=_REQUIRED):
         return self._parsed(key, default, parse_size)
-
-    def percent(self, key, default):
-        value = self._get(key, default)
-        if value is default:
-            return value
-        m = re.fullmatch(r"\s*([0-9.]+)\s*%\s*", str(value))
-        if not m or float(m.group(1)) > 100:
-            raise self.error(key, f"expected a percentage like '1%', got {value!r}")
-        return float(m.group(1))
 
     def number(self, key, default=_REQUIRED, lo=-math.inf, hi=math.inf, lo_open=False, integer=False):
         value = self._get(key, default)

@@ -1,6 +1,6 @@
 """Built-in experiments by name; a path to a file of your own works the same way.
 
-    >>> from lab.registry import builtin, resolve
+    >>> from drl.lab.registry import builtin, resolve
     >>> sorted(builtin())
     ['baseline', 'bottleneck', 'demand-shift', 'faults', 'flow-join', 'web']
     >>> resolve("baseline").name

@@ -24,6 +24,7 @@ from drl.agent.units import to_bps
 from . import plots, preflight
 from .agents import StatusPoller, start_agents
 from .collector import DT, SinkMeter
+from .delay import drops_summary, link_rows
 from .errors import LabError
 from .faults import Faults
 from .netns import Lab, poll, stop
@@ -60,7 +61,9 @@ def run_once(exp: Experiment, allocator: str, out: Path, k: int, progress: Progr
     plan = make_plan(exp, central=allocator == REFERENCE)
     groups = place(plan, seed=k)
     with Lab(plan) as lab:
-        progress(f"   built {len(plan.namespaces)} namespaces (run {plan.run}); starting {len(plan.agent_ifaces())} agent(s)")
+        progress(f"   built {len(lab.plan.namespaces)} namespaces (run {plan.run}); starting {len(plan.agent_ifaces())} agent(s)")
+        if lab.relays:
+            progress(f"   {len(lab.relays)} link(s) delayed by the delay line (no sch_netem; lab/delay.py)")
         agents = start_agents(lab, allocator, out)
         receivers = _start_servers(lab, groups, out)
         t0 = time.monotonic()
@@ -68,6 +71,9 @@ def run_once(exp: Experiment, allocator: str, out: Path, k: int, progress: Progr
             launched, clients = _play(lab, groups, out, meter, t0, progress, faults)
         _finish(clients + receivers)  # every receiver writes its report when its client is done
     result = analyse(exp, allocator, plan.run, k, groups, launched, meter, agents, out, faults.records)
+    result["links"] = link_rows(lab.plan, lab.delay_stats())   # after teardown: the relays' final counts
+    for line in drops_summary(result["links"]):
+        progress(f"   {line}")
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
 

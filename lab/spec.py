@@ -1,6 +1,6 @@
 """The experiment: hosts, links, traffic and schedule, as data (lab/reader.py reads the TOML).
 
-    >>> from lab.reader import load
+    >>> from drl.lab.reader import load
     >>> exp = load("lab/experiments/baseline.toml")
     >>> exp.global_Bps, [t.src for t in exp.traffic]
     (1250000.0, ['l1', 'l2'])
@@ -25,12 +25,19 @@ class Link:
     a: str
     b: str
     rate_Bps: float | None = None   # TBF shaping on both ends (None: unshaped veth)
-    delay_s: float | None = None    # netem, only where the kernel has sch_netem
-    loss_pct: float | None = None
+    delay_s: float | None = None    # one-way, each direction: the link adds 2 x delay to an RTT
+    loss_pct: float | None = None   # independent drop probability, each direction
+    jitter_s: float | None = None   # uniform +- on each frame's delay (frames may then reorder)
 
     @property
     def ends(self) -> tuple[str, str]:
         return (self.a, self.b)
+
+    @property
+    def impaired(self) -> bool:
+        """Whether it asks for delay, jitter or loss: netem where the kernel has it, else the
+        project's delay line (lab/delay.py)."""
+        return bool(self.delay_s or self.jitter_s or self.loss_pct)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ turns any of them into ``ip``/``tc`` commands, and lab/netns.py's ``Lab``
 runs them.  Topologies come from an experiment file (``plan``) or from code
 (``pair``, ``star``, as mininet's ``Topo`` subclasses do):
 
-    >>> from lab.reader import load
-    >>> from lab.topology import plan, star
+    >>> from drl.lab.reader import load
+    >>> from drl.lab.topology import plan, star
     >>> p = plan(load("lab/experiments/baseline.toml"), run="lb00aa")
     >>> p.ns("l1"), p.agent_ifaces()["l1"].name, p.address("sink")
     ('lb00aa-l1', 'lb00aal1-0', '10.1.2.2')
@@ -47,18 +47,30 @@ Code topologies (``pair``, ``star``; kernel tests and benchmarks):
   never clash with the host's.
 * they keep the veth's offloads (the datapath benchmarks measure them);
   experiments segment in the stack.
+* ``delay``/``jitter``/``loss`` (``"20ms"``, ``"1%"``, as in an experiment
+  file) impair every data link: ``pair``'s one, each of ``star``'s.
 * ``rto_min`` (e.g. ``WAN_RTO_MIN``), when given, is set on every subnet
   route: TCP's minimum retransmission timeout.  Linux's default, 200 ms, is
   a few RTTs on a WAN but 4,000 of a veth's 50 us, and TCP flows sharing one
   token bucket then take turns by timeouts instead of sharing it (README
   "TCP on veth"); tests of how agents divide a limit among TCP flows use
   ``WAN_RTO_MIN``.
+
+Delay, jitter and loss (a link's ``delay``/``jitter``/``loss``, per direction):
+with ``netem=True`` they are a netem qdisc on both ends; otherwise (this
+project's CI kernel has no sch_netem) link ``i`` is built as two veths
+through a relay namespace ``<run>-dl-<i>`` whose ports ``<run>dl<i>a`` (toward
+the first end) and ``<run>dl<i>b`` carry lab/delay.py's relay process (the Lab
+starts it).  The ends keep their names and addresses; their checksum and
+segmentation offloads are off, since the relay forwards frames as read.
+``netem=None`` (the default) lets the Lab choose: netem where the kernel has it.
 """
 from __future__ import annotations
 
 import ipaddress
 import re
 import secrets
+import sys
 from dataclasses import dataclass
 
 from .errors import LabError
@@ -70,6 +82,7 @@ CTL_NET = "10.254.0"
 MTU_FRAME = 1514
 IFNAMSIZ = 15
 WAN_RTO_MIN = "10ms"  # TCP's RTO floor for tests of TCP flows sharing a limit: 200 veth RTTs
+NO_OFFLOADS = ["tx", "off", "tso", "off", "gso", "off", "gro", "off"]   # ends and ports of a delay line
 
 
 def new_run(prefix: str = PREFIX) -> str:
@@ -106,6 +119,25 @@ class Bridge:
     name: str
 
 
+@dataclass(frozen=True)
+class DelayLine:
+    """Link ``index``'s delay line: a relay namespace between its two ends (lab/delay.py)."""
+    index: int
+    veth: Veth
+    host: str                   # ``dl-<i>`` (a dash: never an experiment's host name)
+    ports: tuple[str, str]      # the relay's interfaces toward veth.a and veth.b
+
+    def argv(self, stats: str, python: str = sys.executable) -> list[str]:
+        """The relay's command line; it writes its drops and CPU time to ``stats``."""
+        link = self.veth.link
+        cmd = [python, "-m", "drl.lab.delay", "--ports", *self.ports, "--names", self.veth.a.host,
+               self.veth.b.host, "--stats", stats]
+        for flag, value in (("--delay", link.delay_s), ("--jitter", link.jitter_s)):
+            if value:
+                cmd += [flag, f"{value * 1e3:g}ms"]
+        return cmd + (["--loss", f"{link.loss_pct:g}%"] if link.loss_pct else [])
+
+
 @dataclass(frozen=True, kw_only=True)
 class Topology:
     """What a Lab builds.  ``veths`` carry the data (they get the RTO floor and shaping);
@@ -119,13 +151,21 @@ class Topology:
     forwarding: tuple[str, ...] = ()    # hosts that route between their links
     rto_min: str | None = None          # TCP's RTO floor on every data route, ip-route's syntax
     offload: bool = True                # False: segment in the stack (ethtool -K ... off)
+    netem: bool | None = None           # delay/loss by netem (True) or the delay line; None: the Lab asks the kernel
 
     def ns(self, host: str) -> str:
         return f"{self.run}-{host}"
 
     @property
     def namespaces(self) -> list[str]:
-        return [self.ns(h) for h in self.hosts]
+        return [self.ns(h) for h in self.hosts] + [self.ns(d.host) for d in self.delay_lines()]
+
+    def delay_lines(self) -> list[DelayLine]:
+        """The links that get the project's delay line (none when netem impairs them)."""
+        if self.netem:
+            return []
+        return [DelayLine(i, v, f"dl-{i}", (f"{self.run}dl{i}a", f"{self.run}dl{i}b"))
+                for i, v in enumerate(self.veths) if v.link and v.link.impaired]
 
     def iface(self, host: str, peer: str) -> Iface:
         """``host``'s interface on its link to ``peer``."""
@@ -151,7 +191,14 @@ class Topology:
         for br in self.bridges:
             cmds += [["ip", "-n", self.ns(br.host), "link", "add", br.name, "type", "bridge"],
                      ["ip", "-n", self.ns(br.host), "link", "set", br.name, "up"]]
+        lines = {d.veth: d for d in self.delay_lines()}
+        for d in lines.values():   # the relay's namespace sends nothing of its own (no IPv6 ND/MLD)
+            cmds.append(["ip", "netns", "exec", self.ns(d.host), "sysctl", "-qw",
+                         "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"])
         for v in self.veths + self.ctl:
+            if v in lines:
+                cmds += self._delay_line_commands(lines[v])
+                continue
             cmds.append(["ip", "link", "add", v.a.name, "netns", self.ns(v.a.host),
                          "type", "veth", "peer", "name", v.b.name, "netns", self.ns(v.b.host)])
             cmds += self._end_commands(v.a) + self._end_commands(v.b)
@@ -161,11 +208,23 @@ class Topology:
         if self.rto_min:   # the connected subnets' routes too
             cmds += [cmd for v in self.veths for end in (v.a, v.b) for cmd in self._subnet_routes(end)]
         for v in self.veths:
-            if v.link and (v.link.rate_Bps or v.link.delay_s or v.link.loss_pct):
+            if v.link and (v.link.rate_Bps or v.link.impaired):
                 cmds += self.shaping_commands(v.link, v.link.rate_Bps)
         return cmds
 
-    def _end_commands(self, end: Iface) -> list[list[str]]:
+    def _delay_line_commands(self, d: DelayLine) -> list[list[str]]:
+        """``a <-> port a | relay | port b <-> b``: each end is paired with a port of the relay's namespace."""
+        relay, cmds = self.ns(d.host), []
+        for end, port in zip((d.veth.a, d.veth.b), d.ports):
+            cmds.append(["ip", "link", "add", end.name, "netns", self.ns(end.host),
+                         "type", "veth", "peer", "name", port, "netns", relay])
+            cmds += self._end_commands(end, relayed=True)
+        for port in d.ports:
+            cmds += [["ip", "netns", "exec", relay, "ethtool", "-K", port, *NO_OFFLOADS],
+                     ["ip", "-n", relay, "link", "set", port, "up"]]
+        return cmds
+
+    def _end_commands(self, end: Iface, relayed: bool = False) -> list[list[str]]:
         ns = self.ns(end.host)
         cmds = []
         if end.addr:
@@ -174,7 +233,10 @@ class Topology:
             cmds.append(["ip", "-n", ns, "addr", "add", f"{end.addr6}/64", "dev", end.name, "nodad"])
         if end.bridge:
             cmds.append(["ip", "-n", ns, "link", "set", end.name, "master", end.bridge])
-        if not self.offload:
+        if relayed:
+            # The relay reads frames as the veth hands them: no partial checksums, no 64 KB GSO skbs.
+            cmds.append(["ip", "netns", "exec", ns, "ethtool", "-K", end.name, *NO_OFFLOADS])
+        elif not self.offload:
             # Segment in the stack, not in the veth: the limiter then polices MTU-sized
             # packets as the paper's limiters did, not 64 KB GSO bursts.
             cmds.append(["ip", "netns", "exec", ns, "ethtool", "-K", end.name, "tso", "off", "gso", "off", "gro", "off"])
@@ -197,11 +259,15 @@ class Topology:
         return ["rto_min", self.rto_min] if self.rto_min else []
 
     def shaping_commands(self, link: Link, rate_Bps: float | None) -> list[list[str]]:
-        """Shape both directions of ``link``: TBF for a rate, netem when it has delay or loss."""
-        if link.delay_s or link.loss_pct:
-            qdisc = ["netem"] + (["delay", f"{link.delay_s * 1e3:g}ms"] if link.delay_s else []) \
+        """Shape both directions of ``link``: TBF for a rate, netem when it has delay or loss and
+        the topology uses netem (else the delay line impairs it, and only a rate is a qdisc)."""
+        if link.impaired and self.netem:
+            delay = [f"{(link.delay_s or 0) * 1e3:g}ms"] + ([f"{link.jitter_s * 1e3:g}ms"] if link.jitter_s else [])
+            qdisc = ["netem"] + (["delay", *delay] if link.delay_s or link.jitter_s else []) \
                 + (["loss", f"{link.loss_pct:g}%"] if link.loss_pct else []) \
                 + (["rate", f"{int(rate_Bps * 8)}bit"] if rate_Bps else [])
+        elif not rate_Bps:
+            return []
         else:
             # burst: 10 ms of traffic, at least 4 frames (TBF needs >= rate/HZ and >= one MTU)
             burst = max(4 * MTU_FRAME, int(rate_Bps / 100))
@@ -212,16 +278,31 @@ class Topology:
 
 # -- topologies from code -----------------------------------------------------------
 
-def pair(run: str, rto_min: str | None = None) -> Topology:
-    """``h1:eth0 <-> h2:eth0``, one veth pair."""
-    return Topology(run=run, hosts=("h1", "h2"), veths=(Veth(_station(1), _station(2)),), rto_min=rto_min)
+def pair(run: str, rto_min: str | None = None, delay: str | None = None, jitter: str | None = None,
+         loss: str | None = None, netem: bool | None = None) -> Topology:
+    """``h1:eth0 <-> h2:eth0``, one veth pair (``delay="20ms"``: 40 ms more RTT)."""
+    return Topology(run=run, hosts=("h1", "h2"),
+                    veths=(Veth(_station(1), _station(2), impairment("h1", "h2", delay, jitter, loss)),),
+                    rto_min=rto_min, netem=netem)
 
 
-def star(n: int, run: str, rto_min: str | None = None) -> Topology:
-    """``h1`` .. ``h<n>``, each ``eth0`` on port ``h<i>`` of bridge ``br0`` in namespace ``sw``."""
-    ports = tuple(Veth(_station(i), Iface("sw", f"h{i}", None, bridge="br0")) for i in range(1, n + 1))
+def star(n: int, run: str, rto_min: str | None = None, delay: str | None = None, jitter: str | None = None,
+         loss: str | None = None, netem: bool | None = None) -> Topology:
+    """``h1`` .. ``h<n>``, each ``eth0`` on port ``h<i>`` of bridge ``br0`` in namespace ``sw``
+    (``delay`` on each host's link: two of them between two hosts)."""
+    ports = tuple(Veth(_station(i), Iface("sw", f"h{i}", None, bridge="br0"),
+                       impairment(f"h{i}", "sw", delay, jitter, loss)) for i in range(1, n + 1))
     return Topology(run=run, hosts=tuple(f"h{i}" for i in range(1, n + 1)) + ("sw",), veths=ports,
-                    bridges=(Bridge("sw", "br0"),), rto_min=rto_min)
+                    bridges=(Bridge("sw", "br0"),), rto_min=rto_min, netem=netem)
+
+
+def impairment(a: str, b: str, delay: str | None, jitter: str | None, loss: str | None) -> Link | None:
+    """A code topology's link ``a - b`` with the experiment file's ``delay``/``jitter``/``loss`` words
+    (None when it asks for none of them)."""
+    if not (delay or jitter or loss):
+        return None
+    from .reader import link_impairment   # the file's rules and messages, once
+    return Link(a, b, **link_impairment(delay, jitter, loss, lambda key, msg: LabError(f"{key}: {msg}")))
 
 
 def _station(i: int) -> Iface:
@@ -273,6 +354,8 @@ def plan(exp: Experiment, run: str | None = None, central: bool = False) -> Plan
                 veths=veths, ctl=ctl, bridges=(Bridge("ctl", f"{run}br"),) if ctl else (),
                 routes=_routes(exp, veths), forwarding=tuple(h for h in exp.hosts if len(exp.neighbours(h)) > 1),
                 rto_min=f"{exp.rto_min_s * 1e3:g}ms" if exp.rto_min_s else None, offload=False)
+
+
 def _routes(exp: Experiment, veths: tuple[Veth, ...]) -> tuple[Route, ...]:
     """Static routes along shortest paths: to every link subnet a host is not on."""
     def addr_on(host: str, peer: str) -> str:

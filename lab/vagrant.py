@@ -36,7 +36,7 @@ def export(exp: Experiment) -> dict:
     hosts = []
     for name, role in exp.hosts.items():
         links = [{"net": f"link{i}", "addr": end.addr, "prefix": 24,
-                  "rate_bps": to_bps(v.link.rate_Bps) if v.link.rate_Bps else None}
+                  "rate_bps": to_bps(v.link.rate_Bps) if v.link.rate_Bps else None, **_impairment(v.link)}
                  for i, v in enumerate(spread.veths) for end in (v.a, v.b) if end.host == name]
         hosts.append({"name": name, "role": role, "links": links,
                       "ctl_addr": spread.ctl_address(name) if role == "limiter" and spread.ctl else None,
@@ -57,6 +57,15 @@ def export(exp: Experiment) -> dict:
             "duration_s": exp.duration_s, "allocators": list(exp.allocators),
             "rto_min": spread.rto_min,
             "hosts": hosts, "agents": agents, "traffic": traffic, "events": events}
+
+
+def _impairment(link) -> dict:
+    """A link's delay, jitter and loss for netem on the VMs' NICs (VMs have sch_netem: no delay
+    line there); absent on links without them, so files without delay export as before."""
+    if not link.impaired:
+        return {}
+    return {"delay_ms": round((link.delay_s or 0) * 1e3, 3), "jitter_ms": round((link.jitter_s or 0) * 1e3, 3),
+            "loss_pct": link.loss_pct or 0}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,10 @@ APT_PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-pip iproute2 iperf3 eth
 # systemd: systemd-analyze verify of systemd/*.service; util-linux: setpriv and unshare, which
 # run the agent as the unit does (tests/kernel/test_service.py)
 APT_PKGS+=(systemd util-linux)
+# iputils-ping: the RTT through the lab's delay line (tests/kernel/test_delay_line.py, docs/lab.md)
+APT_PKGS+=(iputils-ping)
+# apache2-utils (ab) and nginx-light: the shaping benchmark (bench/datapath.py --part shape)
+APT_PKGS+=(apache2-utils nginx-light)
 # prometheus: /usr/bin/prometheus and promtool for tests/kernel/test_prometheus.py and
 # tests/unit/test_metrics.py (installed below without its recommends: node-exporter, snmp, ...)
 # vagrant is only used to `vagrant validate` the Vagrantfile; skip with DRL_NO_VAGRANT=1
@@ -30,6 +34,11 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq "${APT_PKGS[@]}" >/dev/null
 apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+# The tests start their own nginx and Prometheus; on a host booted with systemd the
+# packages also enable and start system services (:80, :9090): stop and disable them.
+if [ -d /run/systemd/system ]; then
+    systemctl disable --now -q nginx prometheus 2>/dev/null || true
+fi
 
 kver=$(uname -r)
 mod=/lib/modules/$kver

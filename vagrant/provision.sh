@@ -37,9 +37,16 @@ if [ -n "$rto" ]; then
         ip route replace "$dst" dev "$dev" $rto
     done
 fi
-for s in ${DRL_SHAPING}; do
-    dev=$(iface_of "${s%%,*}")
-    rate=${s##*,}
+for s in ${DRL_SHAPING}; do   # addr,rate_bps[,delay_ms,jitter_ms,loss_pct] (vagrant/topology.rb)
+    IFS=, read -r addr rate delay jitter loss <<SPEC
+$s
+SPEC
+    dev=$(iface_of "$addr")
+    if [ -n "$delay" ]; then      # netem, as the lab uses where the kernel has it (lab/topology.py)
+        tc qdisc replace dev "$dev" root netem delay "${delay}ms" "${jitter}ms" loss "${loss}%" \
+            $( [ "$rate" = 0 ] || echo rate "${rate}bit" )
+        continue
+    fi
     burst=$(( rate / 800 > 6056 ? rate / 800 : 6056 ))   # 10 ms of traffic, >= 4 frames (lab/topology.py)
     tc qdisc replace dev "$dev" root tbf rate "${rate}bit" burst "$burst" latency 50ms
 done

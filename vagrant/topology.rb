@@ -7,6 +7,12 @@ require "json"
 require "shellwords"
 
 module DrlTopology
+  # "addr,rate_bps" (TBF), or "addr,rate_bps,delay_ms,jitter_ms,loss_pct" (netem; rate 0: none)
+  def self.shaping(l)
+    s = "#{l['addr']},#{l['rate_bps'].to_i}"
+    l["delay_ms"] ? "#{s},#{l['delay_ms']},#{l['jitter_ms']},#{l['loss_pct']}" : s
+  end
+
   # One hash per VM: name, role, ips (one per link, in link order), intnets,
   # routes, rto_min ("" = the kernel's), shaping, the agent command (nil if the host runs none) and traffic.
   def self.vms(path, allocator = nil)
@@ -25,7 +31,7 @@ module DrlTopology
         "networks" => nets,
         "routes" => h["routes"].map { |r| "#{r['dst']},#{r['via']}" },
         "rto_min" => topo["rto_min"].to_s,
-        "shaping" => h["links"].select { |l| l["rate_bps"] }.map { |l| "#{l['addr']},#{l['rate_bps'].to_i}" },
+        "shaping" => h["links"].select { |l| l["rate_bps"] || l["delay_ms"] }.map { |l| shaping(l) },
         "agent_iface_addr" => agent && agent["iface_addr"],
         "agent_argv" => agent && agent["argv"],
         "servers" => topo["traffic"].select { |t| t["server"] == h["name"] }.map { |t| t["server_argv"] },

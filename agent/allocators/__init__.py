@@ -1,6 +1,6 @@
 """Allocators: the contract they share, and the registry that builds them by name.
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("grd")
     >>> state = alloc.initial_state("n1", ("n1", "n2"))
 

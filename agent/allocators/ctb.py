@@ -1,6 +1,6 @@
 """CTB, the central token bucket: the reference every distributed limiter is judged by.
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("ctb")
 
 [Raghavan07] §3 and §5.1: one token bucket at the global rate

@@ -1,7 +1,7 @@
 """DQMP: a global byte volume quota (e.g. ``--quota 10TB/30d``) whose free part
 diffuses between neighbours ([Behl12]).
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("dqmp", quota_bytes=10 * 10**12, period_s=30 * 86400.0)
     >>> state = alloc.initial_state("n1", ("n1", "n2", "n3"))
 

@@ -1,7 +1,7 @@
 """Fill ratio: GDRL with the fill ratio S_i/D_i as indicator, on a ring of d = 2
 ([Ramsden]).
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("fillratio")                       # eta = 1/4, ring
     >>> joiner = create("fillratio", join=True, seed=3)   # starts at zero supply
 

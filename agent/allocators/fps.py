@@ -1,6 +1,6 @@
 """FPS, flow proportional share ([Raghavan07] §3.2.2, Fig. 2).
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("fps", ewma=0.1, regime_threshold=0.95)
 
 Each node enforces a token bucket whose rate is its share of the global limit L

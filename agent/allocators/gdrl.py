@@ -1,7 +1,7 @@
 """GDRL: capacity moves along graph edges from where a performance indicator is
 good to where it is bad ([Stanojevic09]).
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("gdrl", indicator="spare", graph="ring")   # eta = 1/(2d) = 1/4
     >>> state = alloc.initial_state("n1", ("n1", "n2", "n3"))
 

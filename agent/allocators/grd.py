@@ -1,6 +1,6 @@
 """GRD, global random drop ([Raghavan07] §3.2.1, Fig. 1).
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("grd")
 
 Every tick: global demand = local arrival rate + the peers' reported rates

@@ -1,6 +1,6 @@
 """GTB, the global token bucket of [Raghavan07] §3.2.
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("gtb")
 
 The paper's bucket "refreshes tokens at the global rate limit, but removes

@@ -1,7 +1,7 @@
 """Leases: lease servers hand out capacity that expires ([RLDesign],
 the Doorman-style "capacity lease").
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("lease", on_lease_loss="safe", ttl_s=5.0, refresh_s=1.0)
     >>> state = alloc.initial_state("n2", ("n1", "n2", "n3"))   # n1 serves, n2 asks
 

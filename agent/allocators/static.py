@@ -1,6 +1,6 @@
 """Static 1/N: every node enforces global / N, whatever the others do.
 
-    >>> from agent.allocators import create
+    >>> from drl.agent.allocators import create
     >>> alloc = create("static")
 
 The baseline every paper compares against ([Raghavan07] §5.7,

@@ -67,8 +67,10 @@ def test_flow_table_sees_parallel_flows(net, server, datapath):
     iperf3(net.hosts[0], server, seconds=3, streams=8)
     flows = [f for f in dp.read_flows() if f.key.dport == server.port and f.key.proto == 6]
     assert len({f.key.sport for f in flows if f.bytes > 1_000_000}) == 8, flows   # + control connection
+    # 1 packet in 16 visits the flow table and counts 16 times (limiter.c sample_flow): the
+    # sum is an unbiased estimate, ~1.5 % (1 sigma) off at this test's ~100,000 GSO skbs
     total = sum(f.bytes for f in dp.read_flows() if f.class_id == 0)
-    assert within(total, dp.read_counters()[0].passed_bytes, 0.001)
+    assert within(total, dp.read_counters()[0].passed_bytes, 0.05)
 
 
 def test_rate_change_takes_effect_within_a_second(net, server, datapath):
@@ -189,4 +191,23 @@ def test_a_limiter_h_in_the_working_directory_is_not_compiled(net, datapath, tmp
     started from a directory holding some other limiter.h failed to compile)."""
     (tmp_path / "limiter.h").write_text('#error "the limiter.h of the working directory"\n')
     monkeypatch.chdir(tmp_path)
-    assert datapath().read_counters([0])[0].passed_bytes >= 0
+    dp = datapath(classes=parse_classes(["dport=5201,proto=udp"]))     # not IPv6 neighbour discovery
+    _send_udp(net, {5201: 3})
+    assert dp.read_counters([0])[0].passed_packets == 3
+
+
+def test_many_classes_are_read_in_one_batch_exactly(net, datapath):
+    """read_counters of many ids takes the batch path (one lookup over ids 0..max, CPUs
+    summed in C): each class's own packets, none of its neighbours'."""
+    dp = datapath(classes=parse_classes([f"dport={7000 + i},proto=udp" for i in range(8)]), max_classes=16)
+    _send_udp(net, {7000 + i: i + 1 for i in range(8)})
+    got = dp.read_counters(range(16))
+    assert [got[i].passed_packets for i in range(16)] == [i + 1 for i in range(8)] + [0] * 8
+    assert [got[i].passed_bytes // got[i].passed_packets for i in range(8)] == [142] * 8   # 100 + UDP/IP/Ethernet
+
+
+def _send_udp(net, packets_per_port: dict[int, int]) -> None:
+    """From h1 to h2: so many 100-byte UDP datagrams to each port."""
+    sends = "; ".join(f"[s.sendto(bytes(100), ('{net.hosts[1].addr4}', {port})) for _ in range({n})]"
+                      for port, n in packets_per_port.items())
+    net.hosts[0].run("python3", "-c", f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); {sends}")

@@ -19,7 +19,7 @@ if REASON:
     pytest.skip(REASON, allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-DRL_LAB = [sys.executable, "-c", "from cli.lab import main; main()"]
+DRL_LAB = [sys.executable, "-c", "from drl.cli.lab import main; main()"]
 
 
 def traces(run: str) -> dict:

@@ -105,3 +105,20 @@ def test_would_be_drops_are_what_enforcement_drops_of_open_loop_traffic(net, dat
     assert within(shadow["passed_bps"], LIMIT_BPS, 0.05) and within(enforced["passed_bps"], LIMIT_BPS, 0.05), shares
     assert abs(shadow["refused"] - enforced["refused"]) <= 0.03 and shadow["refused"] >= 0.6, shares
     assert shadow["wire_bps"] >= 2.7 * LIMIT_BPS and within(enforced["wire_bps"], LIMIT_BPS, 0.10), shares
+
+
+def test_a_silent_agent_leaves_a_shadow_class_in_shadow(net, datapath):
+    """After the agent's timeout the fail-safe rate is counted, not enforced: a crash never
+    starts enforcing a limit that was only being tried (docs/config.md)."""
+    h1, h2 = net.hosts
+    dp = datapath()
+    dp.set_class(0, Mode.BUCKET, rate_Bps=LIMIT_BPS / 8, safe_rate_Bps=LIMIT_BPS / 16, timeout_s=0.5, shadow=True)
+    blast = udp_blast(h1, h2.addr4, 3 * LIMIT_BPS, 5)
+    time.sleep(1.5)                    # the agent has been silent 1.5 s: the fail-safe is in force
+    c0, rx0, t0 = dp.read_counters()[0], rx_bytes(h2), time.monotonic()
+    time.sleep(3)
+    c1, rx1, dt = dp.read_counters()[0], rx_bytes(h2), time.monotonic() - t0
+    blast.wait()
+    passed_bps = (c1.passed_bytes - c0.passed_bytes) * 8 / dt
+    assert within(passed_bps, LIMIT_BPS / 2, 0.10), passed_bps          # the safe rate, counted
+    assert (rx1 - rx0) * 8 / dt >= 2.7 * LIMIT_BPS                      # and nothing dropped

@@ -28,5 +28,8 @@ def test_effective_reads_capeff(tmp_path):
     assert missing(effective(str(status))) == []
 
 
-def test_our_own_capeff_is_readable():
-    assert effective() >= 0
+def test_a_status_without_capeff_is_an_error(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython3\nCapInh:\t0000000000000000\n")
+    with pytest.raises(OSError, match="no CapEff"):
+        effective(str(status))

@@ -36,7 +36,9 @@ STATUS_KEYS = {
     # issue 16 (metrics): tick durations and overruns, the default class's drops by reason
     "tick", "dropped_bytes_by_reason", "dropped_packets_by_reason",
     # issue 16 item 7: shadow mode (what the class's dropped_* count would have been dropped)
-    "shadow"}
+    "shadow",
+    # issue 20 item 2: police or shape
+    "enforce"}
 # The issue's contract for each entry of "classes".
 CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "local_limit_bps", "demand_bps",
               "drop_probability", "passed_bytes", "dropped_bytes", "limit_version"}
@@ -170,7 +172,8 @@ def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
         mode, settings = dp.classes[CLASS_ID]
         assert mode == Mode.BUCKET
         assert settings == {"rate_Bps": 500_000.0, "burst_bytes": None, "drop_probability": 0.0,
-                            "safe_rate_Bps": 500_000.0, "timeout_s": 20.0, "quota_bytes": None, "shadow": False}
+                            "safe_rate_Bps": 500_000.0, "timeout_s": 20.0, "quota_bytes": None, "shadow": False,
+                            "shape_prio": 0}
         status = a.status()
         assert status["local_limit_bps"] == 4e6 and status["mode"] == "bucket"
         assert 0 < status["demand_bps"] <= 2e6 and status["passed_bytes"] == 1_000_000

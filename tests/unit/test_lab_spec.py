@@ -111,10 +111,12 @@ def _refused_by_preflight(tmp_path, replace: str, by: str) -> str:
     return str(err.value).replace(str(tmp_path) + "/", "")
 
 
-def test_delay_is_refused_without_netem(monkeypatch, tmp_path):
+def test_delay_runs_without_netem_on_the_delay_line(monkeypatch, tmp_path):
+    """No sch_netem is no reason to refuse: the lab's delay line (lab/delay.py) takes over."""
     monkeypatch.setattr("drl.lab.preflight.netem_available", lambda: False)
-    msg = _refused_by_preflight(tmp_path, 'rate = "50mbit"', 'rate = "50mbit"\ndelay = "20ms"')
-    assert "bad.toml:20: [[link]] #3: field 'delay': needs the sch_netem qdisc" in msg
+    path = tmp_path / "slow.toml"
+    path.write_text(GOOD.replace('rate = "50mbit"', 'rate = "50mbit"\ndelay = "20ms"\nloss = "1%"', 1))
+    check(load(path))
 
 
 def test_unknown_congestion_control_is_refused(monkeypatch, tmp_path):

@@ -9,6 +9,7 @@ functions count too.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -108,3 +109,16 @@ def test_no_two_test_files_share_a_name():
     """pytest imports tests/unit and tests/kernel by basename: a twin breaks collection."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_first_party_code_imports_through_the_drl_namespace():
+    """A bare `agent.x` import runs from a checkout (the repository root is on sys.path) but
+    loads a second copy of the module next to drl.agent.x, and fails in an installed wheel."""
+    bare = {"agent", "cli", "lab", "sim", "bpf", "bench"}
+    in_text = re.compile(r"(?<![\w.])(from|import) (agent|cli|lab|sim)\.")     # doctests, python -c strings
+    paths = [path for top in ("agent", "cli", "lab", "sim", "bench", "tests") for path in sorted((ROOT / top).rglob("*.py"))]
+    found = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+             for path in paths for module, line in imports(path) if module.split(".")[0] in bare]
+    found += [f"{path.relative_to(ROOT)}:{n} {text.strip()}" for path in paths
+              for n, text in enumerate(path.read_text().splitlines(), 1) if in_text.search(text)]
+    assert not found, "\n".join(found)

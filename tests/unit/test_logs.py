@@ -117,6 +117,8 @@ def test_numbers_stay_numbers_and_lists_none_and_bools_have_one_spelling(capture
     assert (doc["global_bps"], doc["interval_ms"], doc["added"], doc["removed"], doc["listen"], doc["detached"]) \
         == (50_000_000, 100.0, ["gold", "silver"], [], None, True)
     assert json.loads(logs.JsonFormatter().format(one(captured, "x", v=float("nan"))))["v"] == "nan"
+    nested = json.loads(logs.JsonFormatter().format(one(captured, "x", v=[1.0, float("inf")], w={"a": float("nan")})))
+    assert (nested["v"], nested["w"]) == ([1.0, "inf"], {"a": "nan"})
 
 
 def test_both_formats_have_the_same_keys_in_the_same_order(captured):

@@ -126,6 +126,13 @@ def test_a_scrape_waits_for_the_next_tick_or_takes_the_last_state():
     assert board.request().status == {"ticks": 7} and board.wanted
 
 
+def test_scrapes_in_a_burst_share_one_snapshot():
+    board = Board(timeout_s=0.01, max_age_s=60)
+    board.publish({"ticks": 1})
+    assert [board.request().status for _ in range(3)] == [{"ticks": 1}] * 3
+    assert not board.wanted              # none of them asked the loop for a new status
+
+
 def test_before_the_first_tick_only_build_info():
     got = samples(exposition(Board(timeout_s=0)))
     assert list(got) == [("drl_build_info", (("version", "1.2.3"),))]

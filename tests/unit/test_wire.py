@@ -29,8 +29,6 @@ def header(**kw) -> Header:
     return Header(**{**base, **kw})
 
 
-
-
 def update(value: float) -> Batch:
     """One class's value, as the agent gossips it."""
     return Batch((ClassValue(key=0xC0FFEE, seq=9, value=value, version=2, local_Bps=625_000.0),))
@@ -185,3 +183,10 @@ def test_load_key_errors(tmp_path, setup, message):
     with pytest.raises(KeyFileError, match=message) as err:
         load_key(path)
     assert "\n" not in str(err.value)
+
+
+def test_the_module_example_runs():
+    import doctest
+
+    import drl.agent.wire
+    assert doctest.testmod(drl.agent.wire).failed == 0
