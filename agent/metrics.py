@@ -121,9 +121,9 @@ class Board:
     A status costs about as much as a tick at 1,000 classes, so the loop makes
     one only when a scrape asks: :meth:`request` (scrape thread) raises
     ``wanted`` and waits up to ``timeout_s`` for the end of the next tick, whose
-    loop calls :meth:`publish`.  A snapshot younger than ``max_age_s`` is served
-    as it is, so scrapes in a burst (several Prometheus servers, a curl loop)
-    cost the loop one status, not one each.  A loop that does not tick in time
+    loop calls :meth:`publish`.  A snapshot younger than ``max_age_s`` (the
+    daemon's interval) is served as it is, so scrapes in a burst (several
+    Prometheus servers, a curl loop) cost the loop one status, not one each.  A loop that does not tick in time
     (hung, or far behind) gets the last snapshot served, its age visible in
     ``drl_last_tick_timestamp_seconds``."""
 
