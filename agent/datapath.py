@@ -61,7 +61,6 @@ import errno
 import ipaddress
 import os
 import socket
-import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -77,6 +76,10 @@ from drl.agent import abi, caps, lock, logs
 from drl.agent.bucket import bucket_times
 from drl.agent.classes import ClassRule
 from drl.agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
+from drl.agent.rtnetlink import (NLM_F_DUMP as _NLM_F_DUMP, NLM_F_REQUEST as _NLM_F_REQUEST, NLMSG as _NLMSG,
+                                 NLMSG_DONE as _NLMSG_DONE, NLMSG_ERROR as _NLMSG_ERROR, TCA_BPF_ID as _TCA_BPF_ID,
+                                 TCA_KIND as _TCA_KIND, TCA_OPTIONS as _TCA_OPTIONS, TCMSG as _TCMSG,
+                                 attrs as _attrs)
 
 try:
     from bcc import BPF
@@ -546,23 +549,7 @@ def _is_ours(f) -> bool:
 # rtnetlink, for the per-tick check (ensure_attached): pyroute2 takes ~0.2 ms to dump the
 # egress filters and does not decode TCA_BPF_ID; this reads the one id in ~30 us.
 _RTM_NEWTFILTER, _RTM_GETTFILTER = 44, 46
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_NLM_F_REQUEST_DUMP = 0x1 | 0x300
-_TCA_KIND, _TCA_OPTIONS, _TCA_BPF_ID = 1, 2, 11
-_NLMSG = struct.Struct("=IHHII")              # nlmsghdr
-_TCMSG = struct.Struct("=BxxxiIII")           # tcmsg: family, ifindex, handle, parent, info
-_NLA = struct.Struct("=HH")
-
-
-def _nlattrs(buf: bytes, start: int, end: int) -> dict[int, bytes]:
-    out = {}
-    while start + 4 <= end:
-        length, kind = _NLA.unpack_from(buf, start)
-        if length < 4:
-            break
-        out[kind & 0x3FFF] = buf[start + 4:start + length]
-        start += (length + 3) & ~3
-    return out
+_NLM_F_REQUEST_DUMP = _NLM_F_REQUEST | _NLM_F_DUMP
 
 
 def _egress_prog_id(sock: socket.socket, ifindex: int) -> int | None:
@@ -584,8 +571,8 @@ def _egress_prog_id(sock: socket.socket, ifindex: int) -> int | None:
                 if kind == _RTM_NEWTFILTER:
                     _, _, handle, _, info = _TCMSG.unpack_from(buf, pos + _NLMSG.size)
                     if handle == FILTER_HANDLE and info >> 16 == FILTER_PRIO:
-                        attrs = _nlattrs(buf, pos + _NLMSG.size + _TCMSG.size, pos + length)
-                        bpf = _nlattrs(attrs.get(_TCA_OPTIONS, b""), 0, len(attrs.get(_TCA_OPTIONS, b"")))
+                        attrs = _attrs(buf, pos + _NLMSG.size + _TCMSG.size, pos + length)
+                        bpf = _attrs(attrs.get(_TCA_OPTIONS, b""), 0, len(attrs.get(_TCA_OPTIONS, b"")))
                         if attrs.get(_TCA_KIND, b"").rstrip(b"\0") == b"bpf" and len(bpf.get(_TCA_BPF_ID, b"")) == 4:
                             found = int.from_bytes(bpf[_TCA_BPF_ID], sys.byteorder)
             pos += (length + 3) & ~3

@@ -57,6 +57,11 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
 from drl.agent import logs
+from drl.agent.rtnetlink import (NLM_F_ACK as _NLM_F_ACK, NLM_F_CREATE as _NLM_F_CREATE,
+                                 NLM_F_DUMP as _NLM_F_DUMP, NLM_F_REPLACE as _NLM_F_REPLACE,
+                                 NLM_F_REQUEST as _NLM_F_REQUEST, NLMSG as _NLMSG, NLMSG_DONE as _NLMSG_DONE,
+                                 NLMSG_ERROR as _NLMSG_ERROR, TCA_KIND as _TCA_KIND, TCA_OPTIONS as _TCA_OPTIONS,
+                                 TCMSG as _TCMSG, attr as _attr, attrs as _attrs)
 from drl.agent.model import SLOW_START_Bps
 
 HTB_MAJOR = 0xD1D1               # our HTB's handle d1d1: ("drl", like the gossip mark)
@@ -309,29 +314,6 @@ def _link_speed_Bps(iface: str) -> float:
 # (its plugin needs a rate to encode the request), and re-adding a qdisc from the options the
 # kernel dumped (pyroute2 re-encodes parsed options, losing some)
 _RTM_NEWQDISC, _RTM_DELQDISC, _RTM_GETQDISC, _RTM_DELTCLASS = 36, 37, 38, 41
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP = 0x1, 0x4, 0x300
-_NLM_F_REPLACE, _NLM_F_CREATE = 0x100, 0x400
-_TCA_KIND, _TCA_OPTIONS = 1, 2
-_NLMSG = struct.Struct("=IHHII")              # nlmsghdr
-_TCMSG = struct.Struct("=BxxxiIII")           # tcmsg: family, ifindex, handle, parent, info
-_NLA = struct.Struct("=HH")
-
-
-def _attr(kind: int, value: bytes) -> bytes:
-    raw = _NLA.pack(_NLA.size + len(value), kind) + value
-    return raw + bytes(-len(raw) % 4)
-
-
-def _attrs(buf: bytes, start: int, end: int) -> dict[int, bytes]:
-    out = {}
-    while start + 4 <= end:
-        length, kind = _NLA.unpack_from(buf, start)
-        if length < 4:
-            break
-        out[kind & 0x3FFF] = buf[start + 4:start + length]
-        start += (length + 3) & ~3
-    return out
 
 
 def _messages(sock: socket.socket, seq: int):
