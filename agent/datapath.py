@@ -76,10 +76,9 @@ from drl.agent import abi, caps, lock, logs
 from drl.agent.bucket import bucket_times
 from drl.agent.classes import ClassRule
 from drl.agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
-from drl.agent.rtnetlink import (NLM_F_DUMP as _NLM_F_DUMP, NLM_F_REQUEST as _NLM_F_REQUEST, NLMSG as _NLMSG,
-                                 NLMSG_DONE as _NLMSG_DONE, NLMSG_ERROR as _NLMSG_ERROR, TCA_BPF_ID as _TCA_BPF_ID,
-                                 TCA_KIND as _TCA_KIND, TCA_OPTIONS as _TCA_OPTIONS, TCMSG as _TCMSG,
-                                 attrs as _attrs)
+from drl.agent import rtnetlink
+from drl.agent.rtnetlink import (NLM_F_DUMP as _NLM_F_DUMP, TCA_BPF_ID as _TCA_BPF_ID, TCA_KIND as _TCA_KIND,
+                                 TCA_OPTIONS as _TCA_OPTIONS, TCMSG as _TCMSG, attrs as _attrs)
 
 try:
     from bcc import BPF
@@ -549,33 +548,23 @@ def _is_ours(f) -> bool:
 # rtnetlink, for the per-tick check (ensure_attached): pyroute2 takes ~0.2 ms to dump the
 # egress filters and does not decode TCA_BPF_ID; this reads the one id in ~30 us.
 _RTM_NEWTFILTER, _RTM_GETTFILTER = 44, 46
-_NLM_F_REQUEST_DUMP = _NLM_F_REQUEST | _NLM_F_DUMP
 
 
 def _egress_prog_id(sock: socket.socket, ifindex: int) -> int | None:
     """The program id of the bpf filter at our prio/handle on clsact egress, or None."""
-    seq = int(time.monotonic_ns() & 0xFFFFFFFF)
-    sock.send(_NLMSG.pack(_NLMSG.size + _TCMSG.size, _RTM_GETTFILTER, _NLM_F_REQUEST_DUMP, seq, 0)
-              + _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, int(EGRESS_PARENT.replace(":", ""), 16), 0))
+    seq = rtnetlink.send(sock, _RTM_GETTFILTER, _NLM_F_DUMP,
+                         _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, int(EGRESS_PARENT.replace(":", ""), 16), 0))
     found = None
-    while True:
-        buf = sock.recv(65536)
-        pos = 0
-        while pos + _NLMSG.size <= len(buf):
-            length, kind, _, got_seq, _ = _NLMSG.unpack_from(buf, pos)
-            if length < _NLMSG.size:
-                return found
-            if got_seq == seq:
-                if kind in (_NLMSG_DONE, _NLMSG_ERROR):
-                    return found
-                if kind == _RTM_NEWTFILTER:
-                    _, _, handle, _, info = _TCMSG.unpack_from(buf, pos + _NLMSG.size)
-                    if handle == FILTER_HANDLE and info >> 16 == FILTER_PRIO:
-                        attrs = _attrs(buf, pos + _NLMSG.size + _TCMSG.size, pos + length)
-                        bpf = _attrs(attrs.get(_TCA_OPTIONS, b""), 0, len(attrs.get(_TCA_OPTIONS, b"")))
-                        if attrs.get(_TCA_KIND, b"").rstrip(b"\0") == b"bpf" and len(bpf.get(_TCA_BPF_ID, b"")) == 4:
-                            found = int.from_bytes(bpf[_TCA_BPF_ID], sys.byteorder)
-            pos += (length + 3) & ~3
+    for kind, body in rtnetlink.replies(sock, seq):     # an error reply raises OSError: the caller's False
+        if kind != _RTM_NEWTFILTER:
+            continue
+        _, _, handle, _, info = _TCMSG.unpack_from(body)
+        if handle == FILTER_HANDLE and info >> 16 == FILTER_PRIO:
+            attrs = _attrs(body, _TCMSG.size, len(body))
+            bpf = _attrs(attrs.get(_TCA_OPTIONS, b""), 0, len(attrs.get(_TCA_OPTIONS, b"")))
+            if attrs.get(_TCA_KIND, b"").rstrip(b"\0") == b"bpf" and len(bpf.get(_TCA_BPF_ID, b"")) == 4:
+                found = int.from_bytes(bpf[_TCA_BPF_ID], sys.byteorder)
+    return found
 
 
 def _check_privileges() -> None:

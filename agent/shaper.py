@@ -49,18 +49,16 @@ import json
 import os
 import socket
 import struct
-import time
 from pathlib import Path
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
-from drl.agent import logs
+from drl.agent import logs, rtnetlink
 from drl.agent.rtnetlink import (NLM_F_ACK as _NLM_F_ACK, NLM_F_CREATE as _NLM_F_CREATE,
                                  NLM_F_DUMP as _NLM_F_DUMP, NLM_F_REPLACE as _NLM_F_REPLACE,
-                                 NLM_F_REQUEST as _NLM_F_REQUEST, NLMSG as _NLMSG, NLMSG_DONE as _NLMSG_DONE,
-                                 NLMSG_ERROR as _NLMSG_ERROR, TCA_KIND as _TCA_KIND, TCA_OPTIONS as _TCA_OPTIONS,
+                                 TCA_KIND as _TCA_KIND, TCA_OPTIONS as _TCA_OPTIONS,
                                  TCMSG as _TCMSG, attr as _attr, attrs as _attrs)
 from drl.agent.model import SLOW_START_Bps
 
@@ -316,37 +314,12 @@ def _link_speed_Bps(iface: str) -> float:
 _RTM_NEWQDISC, _RTM_DELQDISC, _RTM_GETQDISC, _RTM_DELTCLASS = 36, 37, 38, 41
 
 
-def _messages(sock: socket.socket, seq: int):
-    """(type, body) of every reply to seq until DONE or the ACK/error; raises OSError on an error."""
-    while True:
-        buf = sock.recv(65536)
-        pos = 0
-        while pos + _NLMSG.size <= len(buf):
-            length, kind, _, got, _ = _NLMSG.unpack_from(buf, pos)
-            if length < _NLMSG.size:
-                return
-            body = buf[pos + _NLMSG.size:pos + length]
-            pos += (length + 3) & ~3
-            if got != seq:
-                continue
-            if kind == _NLMSG_DONE:
-                return
-            if kind == _NLMSG_ERROR:
-                code = -struct.unpack_from("=i", body)[0]
-                if code:
-                    raise OSError(code, f"netlink: {os.strerror(code)}")
-                return
-            yield kind, body
-
-
 def _request(sock: socket.socket, kind: int, flags: int, ifindex: int, handle_: int, parent: int,
              attrs: list[tuple[int, bytes]], dump: bool = False) -> list[tuple[int, bytes]]:
     """Send one tc request and wait for its ACK (or, ``dump``, the whole dump)."""
-    seq = int(time.monotonic_ns() & 0xFFFFFFFF)
     body = _TCMSG.pack(socket.AF_UNSPEC, ifindex, handle_, parent, 0) + b"".join(_attr(k, v) for k, v in attrs)
     flags |= _NLM_F_DUMP if dump else _NLM_F_ACK          # (DUMP's bits overlap EXCL's: never both)
-    sock.send(_NLMSG.pack(_NLMSG.size + len(body), kind, _NLM_F_REQUEST | flags, seq, 0) + body)
-    return list(_messages(sock, seq))
+    return list(rtnetlink.replies(sock, rtnetlink.send(sock, kind, flags, body)))
 
 
 def _qdiscs(sock: socket.socket, ifindex: int) -> list[dict]:
