@@ -12,7 +12,7 @@ import pytest
 from drl.agent.classes import ClassRule, parse_class
 from drl.agent.datapath import Counters
 from drl.agent.model import Mode
-from drl.lab.measure import tc_show
+from drl.lab.measure import sink_rate_bps, tc_show
 from drl.lab.metrics import within
 from drl.lab.traffic import iperf3, iperf3_start
 
@@ -104,8 +104,13 @@ def test_ipv6_prefix_and_mark_classes(net, server, datapath):
     dp = datapath(classes=[parse_class("dst=fd00::/64,proto=tcp"), parse_class("mark=0x10/0xff"),
                            parse_class(f"dst={H2}")])
     dp.set_class(0, Mode.BUCKET, rate_Bps=10 * MBIT)
-    v6 = iperf3(h1, server, seconds=3, streams=2, ipv6=True)
-    assert within(v6.received_bps, 10e6, 0.15), v6
+    client = iperf3_start(h1, server, seconds=5, streams=2, ipv6=True)
+    time.sleep(1.5)              # past the initial full bucket
+    # a window at the sink, not iperf3's own seconds: the control connection shares the policed
+    # class, and a drop of its start/end message stretched a 3-s run to 4.76 s in CI (7.7 Mbit/s)
+    rate = sink_rate_bps(server.host, 3.0)
+    client.wait()
+    assert within(rate, 10e6, 0.10), rate
     send(h1, H2, mark=0x310)                                  # mark & 0xff == 0x10: the mark rule wins
     assert packets(dp, 1) == 100
     send(h1, H2, mark=0x311)                                  # no mark rule: the destination's class
