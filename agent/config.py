@@ -21,6 +21,7 @@ from drl.agent.classes import ClassRule, ClassSpecError, parse_classes
 from drl.agent.membership import liveness_timeout
 from drl.agent.model import Allocator
 from drl.agent.peers import AddressError, HostPort, Peer, parse_hostport, parse_peers
+from drl.agent.registry import RegistryConfig, RegistryError, registry_config
 from drl.agent.wire import KeyFileError, load_key
 
 # The kernel falls back to the safe rate when the agent has not written a
@@ -79,6 +80,10 @@ class Config:
     metrics: HostPort | None = None          # --metrics: serve Prometheus /metrics there (agent/metrics.py)
     log_format: str = "logfmt"               # --log-format: logfmt or json lines on stderr (agent/logs.py)
     reload: Callable[[], tuple[ClassConf, ...]] | None = None   # re-reads --config; raises ConfigError
+    registry: RegistryConfig | None = None   # --registry: members and classes from etcd (agent/registry.py)
+    peer_timeout_fixed: bool = False         # --peer-timeout given: it does not follow N as members come and go
+    # the classes in force with the registry's {name: table} on top; raises ConfigError
+    live_classes: Callable[[dict[str, dict]], tuple[ClassConf, ...]] | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -86,8 +91,8 @@ class Config:
 
     @property
     def standalone(self) -> bool:
-        """No peers: nothing to gossip with, so no socket and no key."""
-        return not self.peers
+        """No peers and no registry to find any: nothing to gossip with, so no socket and no key."""
+        return not self.peers and self.registry is None
 
 
 def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] | None = None,
@@ -110,11 +115,13 @@ def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] |
     node_id = opts["node_id"]
     if not node_id or any(p.node_id == node_id for p in peers):
         raise ConfigError(f"node id {node_id!r} must be non-empty and differ from every peer's")
+    registry = _registry(opts, listen)
     interval_s = opts["interval_s"]
     confs = build_classes(opts, [{**opts, "name": "default"}] if classes is None else classes, peers,
                           opts["max_classes"])
     return Config(
-        iface=opts["iface"], node_id=node_id, listen=listen, peers=peers, key=_key(opts, peers),
+        iface=opts["iface"], node_id=node_id, listen=listen, peers=peers,
+        key=_key(opts, gossip=bool(peers or registry)),
         interval_s=interval_s, branching=opts["branching"],
         peer_timeout_s=opts["peer_timeout_s"] or liveness_timeout(interval_s, len(peers), opts["branching"]),
         classes=confs, socket_path=opts["socket_path"],
@@ -122,7 +129,8 @@ def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] |
         sample_probability=_sample_probability(opts, confs), max_flows=opts["max_flows"],
         max_classes=opts["max_classes"], state_dir=opts["state_dir"],
         gossip_mark=_gossip_mark(opts.get("gossip_mark")), metrics=_metrics(opts.get("metrics")),
-        log_format=opts.get("log_format") or "logfmt")
+        log_format=opts.get("log_format") or "logfmt", registry=registry,
+        peer_timeout_fixed=bool(opts["peer_timeout_s"]))
 
 
 def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]], peers: tuple[Peer, ...],
@@ -164,7 +172,7 @@ def _sample_probability(opts: Mapping[str, Any], classes: tuple[ClassConf, ...])
     flow table is shared by all classes, so the smallest any allocator asks for."""
     if opts["sample_probability"] is not None:
         return opts["sample_probability"]
-    return min(getattr(c.allocator, "sample_probability", 1.0) for c in classes)
+    return min((getattr(c.allocator, "sample_probability", 1.0) for c in classes), default=1.0)
 
 
 def _gossip_mark(mark: int | None) -> int:
@@ -184,6 +192,28 @@ def _metrics(text: str | None) -> HostPort | None:
         raise ConfigError(f"--metrics: {e}") from None
 
 
+def _registry(opts: Mapping[str, Any], listen: HostPort) -> RegistryConfig | None:
+    """--registry and its companions -> RegistryConfig; None without --registry."""
+    companions = [f"--{k.replace('_', '-')}" for k in ("cluster", "registry_ca", "registry_cert", "registry_key")
+                  if opts.get(k)]
+    if not opts.get("registry"):
+        if companions:
+            raise ConfigError(f"{companions[0]} needs --registry etcd://HOST:PORT")
+        return None
+    try:
+        registry = registry_config(opts["registry"], opts.get("cluster"), opts.get("registry_ca"),
+                                   opts.get("registry_cert"), opts.get("registry_key"))
+    except RegistryError as e:
+        raise ConfigError(str(e)) from None
+    if "/" in opts["node_id"]:
+        raise ConfigError(f"node id {opts['node_id']!r}: with --registry it names a key in etcd, so no '/'")
+    if listen[0] in ("0.0.0.0", "::"):
+        # the address written to etcd is the one the other agents send to
+        raise ConfigError("with --registry, --listen must be the address the other agents reach "
+                          f"(e.g. 10.0.0.1:7470), not {listen[0]}")
+    return registry
+
+
 def _check_host(iface: str) -> None:
     lacking = caps.missing()      # not "root?": a unit grants a dedicated user just these (docs/service.md)
     if lacking:
@@ -195,10 +225,11 @@ def _check_host(iface: str) -> None:
         raise ConfigError(f"no interface named {iface!r} (see `ip link`)") from None
 
 
-def _key(opts: Mapping[str, Any], peers: tuple[Peer, ...]) -> bytes | None:
+def _key(opts: Mapping[str, Any], gossip: bool) -> bytes | None:
+    """``gossip``: there are peers, or a registry that will name them."""
     if opts["key_file"] and opts["insecure"]:
         raise ConfigError("give either --key-file or --insecure, not both")
-    if opts["insecure"] or (not peers and not opts["key_file"]):
+    if opts["insecure"] or (not gossip and not opts["key_file"]):
         return None                      # a lone limiter has nothing to authenticate
     if not opts["key_file"]:
         raise ConfigError("gossip needs a cluster key: --key-file PATH (or --insecure to run unauthenticated)")

@@ -17,9 +17,10 @@ and versions in a :class:`~agent.limits.LimitBook`: a ``drlctl set`` or a
 changed config file makes a new version, which gossip announces to every
 peer, and a peer still on an older version is told the newer one.
 
-Every tick rewrites the class configs, stamped by the kernel clock: if this
-process stops ticking (hung, killed -9) the datapath falls back to the safe
-rate after ``failsafe_s`` (bpf/limiter.c).  Startup acquires the sockets
+Every tick writes the class configs that changed and stamps the datapath's
+heartbeat with the kernel clock: if this process stops ticking (hung, killed
+-9) the datapath falls back to the safe rate after ``failsafe_s``
+(bpf/limiter.c stale).  Startup acquires the sockets
 before it attaches, and every exit path detaches: nothing stays on the
 interface after an error.  Logs are one line per state change (start, peer
 alive/stale, mode, allocator warnings, limit changes, reloads, stop), as
@@ -40,18 +41,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 from drl.agent.classify import ClassifyError
-from drl.agent.config import Config, ConfigError
+from drl.agent.config import ClassConf, Config, ConfigError
 from drl.agent.control import ControlError, ControlServer
 from drl.agent.datapath import Counters, Datapath, DatapathError, now_ns
 from drl.agent.gossip import Outgoing, Received, cycle_rounds, new_incarnation
 from drl.agent import logs
 from drl.agent.limits import Limit, LimitBook, LimitBookError
-from drl.agent.membership import Membership
+from drl.agent.membership import Membership, liveness_timeout
 from drl.agent.metrics import Board, DropTally, MetricsError, MetricsServer, TickStats, drop_reason
 from drl.agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
 from drl.agent.notify import Notifier
+from drl.agent.peers import format_addr
+from drl.agent.registry import Registry, RegistryError, RegistryView
 from drl.agent.shaper import Shaper
-from drl.agent.tenants import ClassRun, ClassTable, StateFileError
+from drl.agent.tenants import Changes, ClassRun, ClassTable, StateFileError
 from drl.agent.transport import Standalone, TransportError, UdpTransport
 from drl.agent.units import parse_rate, to_bps, UnitError
 from drl.agent.wire import Batch, LimitNote
@@ -59,6 +62,8 @@ from drl.agent.wire import Batch, LimitNote
 log = logs.get_logger("drl.agent")
 
 CLUSTER = "drl"     # one cluster per key; the header field keeps two keyed clusters apart on one port
+# a first view of etcd takes milliseconds; more than this and the agent starts without it
+REGISTRY_START_S = 3.0
 GC_YOUNG_THRESHOLD = 20_000     # allocations between young collections (Python's default: 700)
 
 
@@ -109,9 +114,11 @@ def udp_transport(cfg: Config) -> UdpTransport | Standalone:
 
 def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
     """The datapath the agent runs with, on ``--iface``; our own gossip (from the port, with
-    the mark) is never policed; ``exclusive``: one agent per interface (agent/lock.py)."""
+    the mark) and registry connections (to etcd's port, with the mark) are never policed;
+    ``exclusive``: one agent per interface (agent/lock.py)."""
     return Datapath(cfg.iface, max_flows=cfg.max_flows, max_classes=cfg.max_classes,
-                    gossip_port=gossip_port, gossip_mark=cfg.gossip_mark, exclusive=True)
+                    gossip_port=gossip_port, gossip_mark=cfg.gossip_mark,
+                    registry_port=cfg.registry.endpoints[0][1] if cfg.registry else None, exclusive=True)
 
 
 def kernel_shaper(cfg: Config) -> Shaper:
@@ -123,9 +130,9 @@ def kernel_shaper(cfg: Config) -> Shaper:
 class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
-    datapath needs attach, ensure_attached, attachment, close, set_class, batch, set_rules, reset_class,
+    datapath needs attach, ensure_attached, attachment, close, set_class, batch, heartbeat, set_rules, reset_class,
     set_sample_probability, read_counters and read_flows; a transport address, resolved, peer_addrs, stats, poll,
-    publish, announce, send, close (and sock, for ``serve``)."""
+    publish, announce, send, close (and sock, for ``serve``; set_peers and unresolved, with a registry)."""
 
     def __init__(self, config: Config, transport: Callable[[Config], Any] = udp_transport,
                  datapath: Callable[[Config, int | None], Any] = kernel_datapath,
@@ -136,7 +143,7 @@ class Agent:
         try:
             self._acquire(transport, datapath)
         except (ControlError, TransportError, MetricsError, DatapathError, StateFileError, LimitBookError,
-                ValueError) as e:
+                RegistryError, ConfigError, ValueError) as e:
             self._stack.close()
             raise StartupError(str(e)) from None
         except BaseException:
@@ -165,19 +172,22 @@ class Agent:
         if cfg.metrics is not None:
             self._stack.callback(MetricsServer(cfg.metrics, self.board).close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
-        # a peer's last config write is at most two gossip cycles (and a tick) after the last
-        # datagram we had from it: the slack of the stale rule (Membership.may_still_pass)
-        slack_s = (2 * cycle_rounds(len(cfg.peers), cfg.branching) + 1) * cfg.interval_s
         self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names,
-                                  failsafe_s=cfg.failsafe_s, slack_s=slack_s)
+                                  failsafe_s=cfg.failsafe_s, slack_s=_slack_s(cfg, len(cfg.peers)))
+        self.registry: Registry | None = None
+        self._peers_applied = {p.addr: p.node_id for p in cfg.peers}
+        self._registry_seen: tuple[int, dict | None] = (-1, None)   # (Registry.changed(), the classes applied)
+        self._registry_up = True
+        if cfg.registry is not None:
+            self.cfg = cfg = dataclasses.replace(cfg, classes=self._start_registry())
         self.book = LimitBook(Path(cfg.state_dir) / f"limits-{cfg.node_id}.json")
         self.dp = datapath(cfg, self.transport.address[1] if self.transport.address else None)
         self._stack.callback(self.dp.close)
         self.shaper = self._make_shaper(cfg)
         self._stack.callback(self.shaper.close)     # before dp.close: the root qdisc comes back first
         self.table = ClassTable(self.dp, self.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
-                                max_classes=cfg.max_classes)
-        self.table.apply(cfg.classes, self._member_ids(), cfg.n_nodes)
+                                max_classes=cfg.max_classes, founders=self.registry and self.registry.founders)
+        self.table.apply(cfg.classes, self._member_ids(), self.members.n_nodes)
         for run in self.table:      # peers whose file says otherwise, or who missed a change, learn ours
             self._announce(run)
         self.dp.set_sample_probability(cfg.sample_probability)
@@ -203,7 +213,7 @@ class Agent:
         first = next(iter(self.table))
         log.info("started", node=cfg.node_id, iface=cfg.iface, classes=len(self.table),
                  allocator=first.conf.allocator.name, global_bps=round(to_bps(self.book.get(first.name).global_Bps)),
-                 peers=len(cfg.peers), listen=_listen(self.transport.address), interval_ms=round(cfg.interval_s * 1000, 3),
+                 peers=self.members.n_nodes - 1, listen=_listen(self.transport.address), interval_ms=round(cfg.interval_s * 1000, 3),
                  auth="hmac-sha256" if cfg.key else "none")
         if cfg.standalone:
             log.info("standalone", gossip="off", reason="no_peers")
@@ -213,6 +223,7 @@ class Agent:
             while not self.stopping:
                 now = time.monotonic()
                 if now >= next_tick:
+                    self._follow_registry()
                     self.tick(now)
                     self._notify_progress()
                     done = time.monotonic()
@@ -332,6 +343,8 @@ class Agent:
             rate = parse_rate(str(req.get("global")))
         except UnitError as e:
             return {"ok": False, "error": str(e)}
+        if self.registry is not None:
+            return self._set_in_registry(run, str(req.get("global")), rate)
         limit = self.book.set(run.name, rate)
         self.book.save()
         self._announce(run)
@@ -339,26 +352,119 @@ class Agent:
                  from_="drlctl")
         return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate), "limit_version": limit.version}
 
+    def _set_in_registry(self, run: ClassRun, text: str, rate: float) -> dict:
+        """With a registry the class's table in etcd gets the new limit, and every agent (this
+        one too) applies it from its watch; written when etcd is back if it is away now."""
+        view = self.registry.view()
+        self.registry.put_class({**view.classes.get(run.name, {"name": run.name}), "global": text})
+        log.info("limit_requested", class_=run.name, global_bps=round(to_bps(rate)), from_="drlctl",
+                 registry="written" if view.reachable else "pending")
+        return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate),
+                "limit_version": self.book.get(run.name).version, "registry": "written" if view.reachable else "pending"}
+
     def reload(self) -> dict:
         """Re-read the config file: classes added, changed or removed in place.  A bad file
         changes nothing."""
         if self.cfg.reload is None:
             return {"ok": False, "error": "the agent was started without --config: nothing to reload"}
+        live = self._registry_seen[1]
         try:
-            confs = self.cfg.reload()
-            changes = self.table.apply(confs, self._member_ids(), self.cfg.n_nodes)
+            changes = self._apply_classes(self.cfg.reload() if live is None else self.cfg.live_classes(live))
         except (ConfigError, ClassifyError, ValueError) as e:
             log.error("reload_failed", error=str(e))
             return {"ok": False, "error": str(e)}
+        log.info("reloaded", classes=len(self.table), added=list(changes.added), changed=list(changes.changed),
+                 removed=list(changes.removed))
+        return {"ok": True, **dataclasses.asdict(changes)}
+
+    def _apply_classes(self, confs: tuple[ClassConf, ...]) -> Changes:
+        """Make ``confs`` the classes in force (a reload, or the registry's); raises like
+        ClassTable.apply, having changed nothing."""
+        changes = self.table.apply(confs, self._member_ids(), self.members.n_nodes)
         for run in self.table:
             if run.name in changes.changed or run.name in changes.added:
                 self._announce(run)
         self.cfg = dataclasses.replace(self.cfg, classes=confs)
         self._drops = {name: v for name, v in self._drops.items() if self.table.get(name) is not None}
         self.shaper.retain([run.class_id for run in self.table])    # removed classes' HTB classes go
-        log.info("reloaded", classes=len(self.table), added=list(changes.added), changed=list(changes.changed),
-                 removed=list(changes.removed))
-        return {"ok": True, **dataclasses.asdict(changes)}
+        return changes
+
+    # -- the registry -----------------------------------------------------------------------
+
+    def _start_registry(self) -> tuple[ClassConf, ...]:
+        """Register in etcd and wait (REGISTRY_START_S at most) for its first view: the
+        members to start with and the classes in force.  Without one the agent starts on
+        the classes it was given, and refuses to start when it was given none."""
+        cfg = self.cfg
+        self.registry = Registry(dataclasses.replace(cfg.registry, mark=cfg.gossip_mark), cfg.node_id,
+                                 self.transport.address, self.transport.core.incarnation)
+        self._stack.callback(self.registry.close)     # revoked first on exit: the others see us go at once
+        self.registry.start()
+        deadline = time.monotonic() + REGISTRY_START_S
+        while not self.registry.view().reachable and time.monotonic() < deadline:
+            time.sleep(0.01)
+        view = self.registry.view()
+        self._registry_up = view.reachable
+        if not view.reachable:
+            if not cfg.classes:
+                raise RegistryError(f"no class to limit: none given (--global, --config) and etcd is unreachable "
+                                    f"({view.error})")
+            log.warning("registry", state="unreachable", error=view.error)
+            return cfg.classes
+        self._follow_members(view)
+        confs = self._live_classes(view)
+        if not confs:
+            raise RegistryError(f"no class to limit: none given (--global, --config) and none in etcd under "
+                                f"{cfg.registry.prefix}classes/")
+        return confs
+
+    def _live_classes(self, view: RegistryView) -> tuple[ClassConf, ...]:
+        """The classes in force with etcd's on top; remembered as applied."""
+        confs = self.cfg.live_classes(view.classes)
+        self._registry_seen = (self.registry.changed(), view.classes)
+        return confs
+
+    def _follow_registry(self) -> None:
+        """What changed in etcd since the last tick: members, then classes.  While etcd is
+        unreachable nothing changes: the last members and classes stay, gossip goes on."""
+        if self.registry is None or self.registry.changed() == self._registry_seen[0]:
+            return
+        view = self.registry.view()
+        self._registry_seen = (self.registry.changed(), self._registry_seen[1])
+        if view.reachable != self._registry_up:
+            self._registry_up = view.reachable
+            log.info("registry", state="reachable" if view.reachable else "unreachable", error=view.error or None)
+        if not view.reachable:
+            return
+        self._follow_members(view)
+        if view.classes != self._registry_seen[1]:
+            try:
+                confs = self._live_classes(view)
+                if not confs:
+                    raise ConfigError("no class left: the agent keeps the ones it has")
+                changes = self._apply_classes(confs)
+            except (ConfigError, ClassifyError, ValueError) as e:
+                log.error("registry_classes_refused", error=str(e))
+                return
+            log.info("registry_classes", classes=len(self.table), added=list(changes.added),
+                     changed=list(changes.changed), removed=list(changes.removed))
+
+    def _follow_members(self, view: RegistryView) -> None:
+        """The registry's members (and --peers) become the gossip targets and N."""
+        cfg = self.cfg
+        wanted = {m.addr: m.node_id for m in view.members.values() if m.node_id != cfg.node_id}
+        wanted.update({p.addr: p.node_id for p in cfg.peers})
+        if wanted == self._peers_applied:
+            return
+        before, self._peers_applied = self._peers_applied, wanted
+        n = len(wanted)
+        timeout_s = None if cfg.peer_timeout_fixed else liveness_timeout(cfg.interval_s, n, cfg.branching)
+        self.members.set_peers(self.transport.set_peers(wanted, timeout_s=timeout_s), timeout_s=timeout_s,
+                               slack_s=_slack_s(cfg, n))
+        log.info("members", n=1 + n, joined=sorted(str(wanted[a]) for a in wanted.keys() - before.keys()) or None,
+                 left=sorted(str(before[a]) for a in before.keys() - wanted.keys()) or None)
+        for addr, why in self.transport.unresolved.items():
+            log.warning("peer_unresolved", peer=f"{wanted[addr]}@{addr[0]}:{addr[1]}", error=why)
 
     # -- the tick ---------------------------------------------------------------------------
 
@@ -374,6 +480,7 @@ class Agent:
         with self.dp.batch():
             out = {run.conf.key: self._step(run, now, counters[run.class_id], flows[run.class_id], kernel_now)
                    for run in runs}
+        self.dp.heartbeat()     # every config stays fresh, the ones _enforce did not write again too
         self.transport.publish(out, now)
         self._log_changes(now)
         self.ticks += 1
@@ -412,8 +519,10 @@ class Agent:
 
     def _count_drops(self, run: ClassRun, counters: Counters) -> None:
         """The drops since the last tick, under the reason of the decision then in force."""
+        if run.last is not None and run.last[2].dropped_packets == counters.dropped_packets:
+            return          # most ticks drop nothing new (the tally has seen last tick's counters)
         tally = self._tally(run)
-        if (counters.dropped_bytes, counters.dropped_packets) != tally.seen:     # most ticks drop nothing new
+        if (counters.dropped_bytes, counters.dropped_packets) != tally.seen:
             tally.add(counters.dropped_bytes, counters.dropped_packets, drop_reason(run.last and run.last[1].decision))
 
     def _enforce(self, run: ClassRun, d: Decision, safe_Bps: float) -> None:
@@ -424,13 +533,20 @@ class Agent:
             prio = self.shaper.set_rate(run.class_id, d.limit_Bps)     # 0: it failed (logged): police
         else:
             self.shaper.discard(run.class_id)
+        # the config in force again is not written again (the tick's heartbeat keeps it fresh),
+        # unless it carries a quota: every write of one starts a new allowance
+        config = (d.mode, d.limit_Bps, run.conf.burst_bytes, d.drop_probability, safe_Bps, self.cfg.failsafe_s,
+                  run.conf.shadow, prio)
+        if config == run.written and d.quota_bytes is None:
+            return
+        run.written = config
         self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=run.conf.burst_bytes,
                           drop_probability=d.drop_probability, safe_rate_Bps=safe_Bps,
                           timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes, shadow=run.conf.shadow,
                           shape_prio=prio)
 
     def _safe_rate(self, run: ClassRun, limit: Limit) -> float:
-        return run.conf.safe_Bps if run.conf.safe_Bps is not None else limit.global_Bps / self.cfg.n_nodes
+        return run.conf.safe_Bps if run.conf.safe_Bps is not None else limit.global_Bps / self.members.n_nodes
 
     def _log_changes(self, now: float) -> None:
         """One line per peer that turned alive or stale, per class whose mode or warning changed."""
@@ -462,16 +578,25 @@ class Agent:
                "uptime_s": now - self.started, "ticks": self.ticks, "listen": _listen(self.transport.address),
                "standalone": cfg.standalone, "authenticated": cfg.key is not None,
                "gossip": self.transport.stats.as_dict(now), "peers": self.members.status(now),
-               "datapath": dict(self.dp.attachment), "tick": self.tick_stats.as_dict()}
+               "datapath": dict(self.dp.attachment), "tick": self.tick_stats.as_dict(),
+               "registry": self._registry_status(now)}
         out.update({k: v for k, v in first.items() if k != "name"})
         out["classes"] = classes
         return out
+
+    def _registry_status(self, now: float) -> dict | None:
+        if self.registry is None:
+            return None
+        view, reg = self.registry.view(), self.cfg.registry
+        return {"endpoints": [f"etcd://{format_addr(e)}" for e in reg.endpoints], "cluster": reg.cluster,
+                "state": "reachable" if view.reachable else "unreachable", "error": view.error or None,
+                "for_s": now - view.since, "members": sorted(view.members), "classes": sorted(view.classes)}
 
     def _class_status(self, run: ClassRun) -> dict:
         limit = self.book.get(run.name)
         if run.last is None:      # before its first tick: the 1/N share ClassTable.apply wrote
             snap, c, local = None, Counters(), Local(0.0)
-            d = Decision(Mode.BUCKET, limit.global_Bps / self.cfg.n_nodes)
+            d = Decision(Mode.BUCKET, limit.global_Bps / self.members.n_nodes)
         else:
             snap, step, c = run.last
             d, local = step.decision, snap.local
@@ -493,6 +618,12 @@ class Agent:
     def _drops_by_reason(self, run: ClassRun) -> dict:
         tally = self._tally(run)
         return {"dropped_bytes_by_reason": dict(tally.bytes), "dropped_packets_by_reason": dict(tally.packets)}
+
+
+def _slack_s(cfg: Config, n_peers: int) -> float:
+    """A peer's last config write is at most two gossip cycles (and a tick) after the last
+    datagram we had from it: the slack of the stale rule (Membership.may_still_pass)."""
+    return (2 * cycle_rounds(n_peers, cfg.branching) + 1) * cfg.interval_s
 
 
 def _local_limit(d: Decision, local: Local) -> float:

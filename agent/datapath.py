@@ -14,13 +14,14 @@ uses the small interface below, which a test double can implement too::
 Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 
 * ``Datapath(iface, classes=(), *, class_ids=None, max_flows=4096, max_classes=4096,
-  gossip_port=None, gossip_mark=abi.GOSSIP_MARK, drop_action="stolen", floor_rate_Bps=FLOOR_RATE_Bps,
-  netns=None, exclusive=False)``
+  gossip_port=None, gossip_mark=abi.GOSSIP_MARK, registry_port=None, drop_action="stolen",
+  floor_rate_Bps=FLOOR_RATE_Bps, netns=None, exclusive=False)``
   compiles and loads, then ``set_rules(zip(classes, class_ids))`` (class_ids
   default 0, 1, ...: several rules may feed one class); no classes = every
   IP packet is class 0.  UDP from ``gossip_port`` that carries ``gossip_mark``
-  (the agent's own gossip socket, agent/transport.py) is never policed;
-  everything else on that port is.  ``exclusive``: hold the interface's
+  (the agent's own gossip socket, agent/transport.py) is never policed, nor
+  TCP to ``registry_port`` with that mark (its etcd connections,
+  agent/etcdgw.py); everything else on those ports is.  ``exclusive``: hold the interface's
   lock (agent/lock.py, one agent per interface and network namespace) from
   before the program is compiled until ``close()``; DatapathError if another
   process holds it.
@@ -43,6 +44,8 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 * ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
   safe_rate_Bps=None, timeout_s=None, quota_bytes=None, shadow=False, shape_prio=0)``: one write, stamped
   with ``now_ns()``.  Until a class is set it passes everything.
+* ``heartbeat()``: the agent is alive; every class's config counts as fresh from now, as if
+  it had just been written again (bpf/limiter.c stale).  One write for all classes.
 * ``set_sample_probability(p)``: chance that a new flow enters the flow table.
 * ``read_counters(class_ids=None) -> dict[int, Counters]`` (None: the classes the
   rules name), ``read_bypass() -> Counters``,
@@ -63,7 +66,6 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
@@ -113,8 +115,9 @@ class DatapathError(RuntimeError):
     """The datapath cannot be set up or used; the message is one line."""
 
 
-# Counters and FlowSample are NamedTuples: immutable like the frozen dataclasses, at a third
-# of the cost to make (timeit, 7 fields: 228 vs 717 ns; one per class and flow every tick).
+# Counters, FlowKey and FlowSample are NamedTuples: immutable like the frozen dataclasses, at
+# a third of the cost to make (timeit, 7 fields: 228 vs 717 ns; one per class and flow every
+# tick), and a FlowKey hashes in C (the estimator looks every flow up by its key every tick).
 class Counters(NamedTuple):
     passed_bytes: int = 0
     passed_packets: int = 0
@@ -122,8 +125,7 @@ class Counters(NamedTuple):
     dropped_packets: int = 0
 
 
-@dataclass(frozen=True)
-class FlowKey:
+class FlowKey(NamedTuple):
     family: int          # 4 or 6
     proto: int
     src: str
@@ -156,8 +158,9 @@ class Datapath:
 
     def __init__(self, iface: str, classes: Sequence[ClassRule] = (), *, class_ids: Sequence[int] | None = None,
                  max_flows: int = abi.MAX_FLOWS, max_classes: int = abi.MAX_CLASSES,
-                 gossip_port: int | None = None, gossip_mark: int = abi.GOSSIP_MARK, drop_action: str = "stolen",
-                 floor_rate_Bps: int = FLOOR_RATE_Bps, netns: str | None = None, exclusive: bool = False):
+                 gossip_port: int | None = None, gossip_mark: int = abi.GOSSIP_MARK, registry_port: int | None = None,
+                 drop_action: str = "stolen", floor_rate_Bps: int = FLOOR_RATE_Bps, netns: str | None = None,
+                 exclusive: bool = False):
         _check_privileges()
         if drop_action not in abi.DROP_ACTIONS:
             raise DatapathError(f"drop action {drop_action!r}: use one of {', '.join(abi.DROP_ACTIONS)}")
@@ -174,8 +177,10 @@ class Datapath:
         self._pending: dict | None = None          # inside batch(): class id -> its slot in _staged
         self._staged = None                         # batch()'s key and value arrays, made once
         self._counter_bufs = None                   # read_counters' batch lookup arrays, made once
+        self._flow_bufs = None                      # read_flows' likewise
         self._rules = EMPTY
         gossip_port, gossip_mark = _gossip_exemption(gossip_port, gossip_mark)
+        registry_port = registry_port if gossip_port else 0     # the registry's exemption is the gossip mark's
         self._lock = self._bpf = None
         self._attached = False
         self._created_clsact = False
@@ -192,7 +197,7 @@ class Datapath:
             self._fn = self._load()
             self._prog_id = _prog_id(self._fn.fd)
             self._write_settings(sample_prob=abi.PROB_ONE, gossip_port=gossip_port, gossip_mark=gossip_mark,
-                                 mark_masks=EMPTY.mark_masks, dst_lengths=EMPTY.dst_lengths,
+                                 registry_port=registry_port or 0, mark_masks=EMPTY.mark_masks, dst_lengths=EMPTY.dst_lengths,
                                  src_lengths=EMPTY.src_lengths)
             self.set_rules(list(zip(rules, class_ids)))
         except BaseException:
@@ -303,7 +308,7 @@ class Datapath:
         """Write a class's config in one map update, stamped with now_ns().
 
         burst_bytes None = default_burst(rate_Bps).  After timeout_s without a
-        new set_class the kernel enforces safe_rate_Bps (None = no limit).
+        new set_class or heartbeat the kernel enforces safe_rate_Bps (None = no limit).
         quota_bytes: bytes the class may pass from now on (every call with a
         number restarts the allowance); None = no quota.  shadow: what the
         policy refuses is counted as dropped but passes (bpf/limiter.c refuse).
@@ -364,6 +369,12 @@ class Datapath:
             if n:
                 table, (keys, values) = self._bpf[b"config"], self._staged
                 table.items_update_batch((ct.c_int * n).from_buffer(keys), (table.Leaf * n).from_buffer(values))
+
+    def heartbeat(self) -> None:
+        """Stamp the agent's heartbeat with now_ns(): no config goes stale (falls back to its
+        safe rate) until timeout_s after the last heartbeat or its own last write."""
+        table = self._bpf[b"heartbeat"]
+        table[ct.c_int(0)] = table.Leaf(now_ns())
 
     def set_sample_probability(self, p: float) -> None:
         """Chance that a packet of an untracked flow adds it to the flow table (FPS's resampleprob)."""
@@ -435,13 +446,16 @@ class Datapath:
         path wins once it reads fewer than BATCH_READ_ENTRIES entries per id.
         """
         wanted = self._rules.class_ids() if class_ids is None else set(class_ids)
-        for class_id in wanted:
+        if not wanted:
+            return {}
+        for class_id in (min(wanted), max(wanted)):     # the extremes are in range: all are
             self._check_class(class_id)
         table = self._bpf[b"counters"]
-        if not wanted or max(wanted) + 1 > BATCH_READ_ENTRIES * len(wanted):
+        if max(wanted) + 1 > BATCH_READ_ENTRIES * len(wanted):
             return {i: _sum_cpus(table[ct.c_int(i)]) for i in sorted(wanted)}
         columns = _summed_columns(table, self._counter_buffers(table), max(wanted) + 1)
-        return {i: Counters(*(column[i] for column in columns)) for i in wanted}
+        rows = list(map(Counters, *columns))           # ids 0..max(wanted)
+        return {i: rows[i] for i in wanted}
 
     def _counter_buffers(self, table):
         if self._counter_bufs is None:
@@ -453,15 +467,24 @@ class Datapath:
         return _sum_cpus(self._bpf[b"bypass_counters"][ct.c_int(0)])
 
     def read_flows(self) -> list[FlowSample]:
-        """Every tracked flow, read in one batch syscall (items() costs two per flow); a key
-        is decoded once for as long as its flow stays in the table."""
+        """Every tracked flow, read in one batch syscall (items() costs two per flow) into
+        arrays kept across ticks, its fields sliced out in C (_fields); a key is decoded once
+        for as long as its flow stays in the table."""
+        table = self._bpf[b"flows"]
+        if self._flow_bufs is None:
+            self._flow_bufs = ((table.Key * table.max_entries)(), (table.Leaf * table.max_entries)())
+        keys, values = self._flow_bufs
+        n = _lookup_batch(table, keys, values, table.max_entries)
+        size = ct.sizeof(table.Key)
+        raw = ct.string_at(keys, n * size)
         known, self._flow_keys = self._flow_keys, {}
-        out = []
-        for k, v in self._bpf[b"flows"].items_lookup_batch():
-            raw = bytes(k)
-            key = self._flow_keys[raw] = known.get(raw) or _decode_key(k)
-            out.append(FlowSample(key, v.class_id, v.bytes, v.packets, v.first_ns, v.last_ns))
-        return out
+        flow_keys = []
+        for at in range(0, n * size, size):
+            k = raw[at:at + size]
+            key = self._flow_keys[k] = known.get(k) or _decode_key(table.Key.from_buffer_copy(k))
+            flow_keys.append(key)
+        fields = _fields(ct.string_at(values, n * ct.sizeof(table.Leaf)), table.Leaf, FlowSample._fields[1:])
+        return list(map(FlowSample, flow_keys, *fields))
 
     def discard_flows(self, keys: Iterable[FlowKey]) -> None:
         """Drop flows from the sample set (FPS resamples and discards small flows)."""
@@ -647,12 +670,18 @@ def _summed_columns(table, buffers, n: int) -> list[list[int]]:
     got = _lookup_batch(table, keys, values, n)
     if got != n:      # the arrays are reused: a short read would hand out last tick's counters
         raise DatapathError(f"read {got} of {n} class counters")
-    words = array.array("Q", ct.string_at(values, n * ct.sizeof(table.Leaf)))
-    per_cpu, cpus = ct.sizeof(table.sLeaf) // 8, table.total_cpu
-    stride = per_cpu * cpus
-    offsets = [getattr(table.sLeaf, name).offset // 8 for name in Counters._fields]
-    return [list(map(sum, zip(*(words[off + cpu * per_cpu::stride] for cpu in range(cpus)))))
-            for off in offsets]
+    cpus = table.total_cpu       # a per-CPU value is one record per CPU, entry after entry
+    columns = _fields(ct.string_at(values, n * ct.sizeof(table.Leaf)), table.sLeaf, Counters._fields)
+    return [list(map(sum, zip(*(column[cpu::cpus] for cpu in range(cpus))))) for column in columns]
+
+
+def _fields(buf: bytes, record, names: Sequence[str]) -> list[array.array]:
+    """The fields ``names`` of the ``record`` structs packed in ``buf``, one array per field,
+    sliced out in C.  Every field is a __u64 or a __u32, and the record a whole number of
+    __u64 (limiter.h pads them so)."""
+    size = ct.sizeof(record)
+    words = {8: array.array("Q", buf), 4: array.array("I", buf)}
+    return [words[f.size][f.offset // f.size::size // f.size] for f in (getattr(record, name) for name in names)]
 
 
 def _sum_cpus(per_cpu) -> Counters:

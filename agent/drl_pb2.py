@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tdrl.proto\x12\x06\x64rl.v1\"\x8a\x01\n\x06Header\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0b\n\x03\x64st\x18\x04 \x01(\t\x12\x10\n\x08\x63lass_id\x18\x05 \x01(\r\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12\x0f\n\x07sent_at\x18\x07 \x01(\x01\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\"t\n\x05\x42\x61tch\x12\x0c\n\x04keys\x18\x01 \x03(\x07\x12\x0c\n\x04seqs\x18\x02 \x03(\x04\x12\x0e\n\x06values\x18\x03 \x03(\x02\x12\x10\n\x08versions\x18\x04 \x03(\x04\x12\x0e\n\x06locals\x18\x06 \x03(\r\x12\x1d\n\x06limits\x18\x05 \x03(\x0b\x32\r.drl.v1.Limit\"9\n\x05Limit\x12\x0b\n\x03key\x18\x01 \x01(\x07\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x12\n\nglobal_Bps\x18\x03 \x01(\x01\"?\n\x08Transfer\x12\x0f\n\x07xfer_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x61mount\x18\x02 \x01(\x01\x12\x12\n\nlink_total\x18\x03 \x01(\x01\"D\n\x0bTransferAck\x12\x0f\n\x07xfer_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x12\n\nlink_total\x18\x03 \x01(\x01\" \n\x0cLeaseRequest\x12\x10\n\x08want_Bps\x18\x01 \x01(\x01\"D\n\nLeaseGrant\x12\x14\n\x0c\x63\x61pacity_Bps\x18\x01 \x01(\x01\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\x12\x11\n\trefresh_s\x18\x03 \x01(\x01\"(\n\x06Report\x12\x10\n\x08\x63onsumed\x18\x01 \x01(\x01\x12\x0c\n\x04\x66ree\x18\x02 \x01(\x01\"\xa4\x02\n\x08\x44\x61tagram\x12\x1e\n\x06header\x18\x01 \x01(\x0b\x32\x0e.drl.v1.Header\x12$\n\x08transfer\x18\x04 \x01(\x0b\x32\x10.drl.v1.TransferH\x00\x12+\n\x0ctransfer_ack\x18\x05 \x01(\x0b\x32\x13.drl.v1.TransferAckH\x00\x12-\n\rlease_request\x18\x06 \x01(\x0b\x32\x14.drl.v1.LeaseRequestH\x00\x12)\n\x0blease_grant\x18\x07 \x01(\x0b\x32\x12.drl.v1.LeaseGrantH\x00\x12 \n\x06report\x18\x08 \x01(\x0b\x32\x0e.drl.v1.ReportH\x00\x12\x1e\n\x05\x62\x61tch\x18\t \x01(\x0b\x32\r.drl.v1.BatchH\x00\x42\t\n\x07payloadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tdrl.proto\x12\x06\x64rl.v1\"\xa3\x01\n\x06Header\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0b\n\x03\x64st\x18\x04 \x01(\t\x12\x10\n\x08\x63lass_id\x18\x05 \x01(\r\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12\x0f\n\x07sent_at\x18\x07 \x01(\x01\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x17\n\x0f\x64st_incarnation\x18\t \x01(\x04\"t\n\x05\x42\x61tch\x12\x0c\n\x04keys\x18\x01 \x03(\x07\x12\x0c\n\x04seqs\x18\x02 \x03(\x04\x12\x0e\n\x06values\x18\x03 \x03(\x02\x12\x10\n\x08versions\x18\x04 \x03(\x04\x12\x0e\n\x06locals\x18\x06 \x03(\r\x12\x1d\n\x06limits\x18\x05 \x03(\x0b\x32\r.drl.v1.Limit\"9\n\x05Limit\x12\x0b\n\x03key\x18\x01 \x01(\x07\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x12\n\nglobal_Bps\x18\x03 \x01(\x01\"?\n\x08Transfer\x12\x0f\n\x07xfer_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x61mount\x18\x02 \x01(\x01\x12\x12\n\nlink_total\x18\x03 \x01(\x01\"D\n\x0bTransferAck\x12\x0f\n\x07xfer_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x12\n\nlink_total\x18\x03 \x01(\x01\" \n\x0cLeaseRequest\x12\x10\n\x08want_Bps\x18\x01 \x01(\x01\"D\n\nLeaseGrant\x12\x14\n\x0c\x63\x61pacity_Bps\x18\x01 \x01(\x01\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\x12\x11\n\trefresh_s\x18\x03 \x01(\x01\"(\n\x06Report\x12\x10\n\x08\x63onsumed\x18\x01 \x01(\x01\x12\x0c\n\x04\x66ree\x18\x02 \x01(\x01\"\xa4\x02\n\x08\x44\x61tagram\x12\x1e\n\x06header\x18\x01 \x01(\x0b\x32\x0e.drl.v1.Header\x12$\n\x08transfer\x18\x04 \x01(\x0b\x32\x10.drl.v1.TransferH\x00\x12+\n\x0ctransfer_ack\x18\x05 \x01(\x0b\x32\x13.drl.v1.TransferAckH\x00\x12-\n\rlease_request\x18\x06 \x01(\x0b\x32\x14.drl.v1.LeaseRequestH\x00\x12)\n\x0blease_grant\x18\x07 \x01(\x0b\x32\x12.drl.v1.LeaseGrantH\x00\x12 \n\x06report\x18\x08 \x01(\x0b\x32\x0e.drl.v1.ReportH\x00\x12\x1e\n\x05\x62\x61tch\x18\t \x01(\x0b\x32\r.drl.v1.BatchH\x00\x42\t\n\x07payloadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,21 +32,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'drl_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HEADER']._serialized_start=22
-  _globals['_HEADER']._serialized_end=160
-  _globals['_BATCH']._serialized_start=162
-  _globals['_BATCH']._serialized_end=278
-  _globals['_LIMIT']._serialized_start=280
-  _globals['_LIMIT']._serialized_end=337
-  _globals['_TRANSFER']._serialized_start=339
-  _globals['_TRANSFER']._serialized_end=402
-  _globals['_TRANSFERACK']._serialized_start=404
-  _globals['_TRANSFERACK']._serialized_end=472
-  _globals['_LEASEREQUEST']._serialized_start=474
-  _globals['_LEASEREQUEST']._serialized_end=506
-  _globals['_LEASEGRANT']._serialized_start=508
-  _globals['_LEASEGRANT']._serialized_end=576
-  _globals['_REPORT']._serialized_start=578
-  _globals['_REPORT']._serialized_end=618
-  _globals['_DATAGRAM']._serialized_start=621
-  _globals['_DATAGRAM']._serialized_end=913
+  _globals['_HEADER']._serialized_end=185
+  _globals['_BATCH']._serialized_start=187
+  _globals['_BATCH']._serialized_end=303
+  _globals['_LIMIT']._serialized_start=305
+  _globals['_LIMIT']._serialized_end=362
+  _globals['_TRANSFER']._serialized_start=364
+  _globals['_TRANSFER']._serialized_end=427
+  _globals['_TRANSFERACK']._serialized_start=429
+  _globals['_TRANSFERACK']._serialized_end=497
+  _globals['_LEASEREQUEST']._serialized_start=499
+  _globals['_LEASEREQUEST']._serialized_end=531
+  _globals['_LEASEGRANT']._serialized_start=533
+  _globals['_LEASEGRANT']._serialized_end=601
+  _globals['_REPORT']._serialized_start=603
+  _globals['_REPORT']._serialized_end=643
+  _globals['_DATAGRAM']._serialized_start=646
+  _globals['_DATAGRAM']._serialized_end=938
 # @@protoc_insertion_point(module_scope)

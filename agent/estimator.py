@@ -53,7 +53,7 @@ class FlowRecord(Protocol):
     last_ns: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _FlowShare:
     bytes: int
     share: float | None = None   # smoothed share of the class's passed bytes; None before a sample
@@ -86,7 +86,8 @@ class Estimator:
         self._sent = smooth(self._sent, passed / dt, kept)
         new_flows = self._update_flows(flows, dt, passed, now_ns)
         self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
-        rates = sorted((f.share * self._sent for f in self._flows.values() if f.active and f.share), reverse=True)
+        rates = [f.share * self._sent for f in self._flows.values() if f.active and f.share]
+        rates.sort(reverse=True)
         return Local(demand_Bps=self._demand, sent_Bps=self._sent, flow_rates_Bps=tuple(rates),
                      new_flows=new_flows, sent_total_bytes=counters.passed_bytes)
 

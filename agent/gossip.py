@@ -223,7 +223,9 @@ class GossipCore:
     ``peers`` is kept as given, not copied: anything with ``len``, indexing and a
     fast ``in`` (a :class:`PeerList`, or a simulator's lazy "everyone but me" over
     10,000 ids), so per-node memory grows only with the peers actually talked to.
+    :meth:`set_peers` replaces it (and ``names``) when the membership changes.
     """
+    KEEP_GONE = 16      # removed peers whose link counters are kept, at least (set_peers says why)
 
     def __init__(self, node_id: str, cluster: str, key: bytes | None, peers: Sequence[Addr],
                  branching: int, incarnation: int, rng: random.Random | None = None,
@@ -238,18 +240,70 @@ class GossipCore:
         self._cycle = Cycle(len(self.peers), rng or random.Random())
         self._seq: dict[Addr, int] = {}                          # next seq per receiver
         self.timeout_s = timeout_s
-        self._names = {addr: node for addr, node in (names or {}).items() if addr in peers}
-        self._homes = {node: addr for addr, node in self._names.items()}   # named id -> its address
         self._lives: dict[str, Lives] = {}                      # per sender node id
-        self._addr_of: dict[str, Addr] = dict(self._homes)       # named or learned: node id -> address
-        self._node_at: dict[Addr, str] = dict(self._names)       # named or learned: address -> node id
+        self._node_at: dict[Addr, str] = {}
+        self._bind(names or {})                                 # _names, _homes, _node_at, _addr_of
         self._heard: dict[Addr, float] = {}                      # last datagram accepted, per address
         self._said: dict[int, _Said] = {}                        # per class key
         self._seqs: dict[Addr, dict[int, int]] = {}              # per peer, per class key: last seq
         self._full: set[Addr] = set()                            # restarted peers: every class next time
         self._pending: dict[Addr, dict[int, LimitNote]] = {}     # limit notes for one peer
         self._announce: dict[int, tuple[LimitNote, int]] = {}    # limit notes for all: rounds left
+        self._gone: dict[Addr, None] = {}                        # removed peers with link counters, oldest first
         self._round = 0
+
+    def set_peers(self, peers: Sequence[Addr], names: Mapping[Addr, str] | None = None,
+                  timeout_s: float | None = None) -> None:
+        """The peer set changed at runtime (a registry's watch): ``peers`` and ``names`` as for
+        the constructor, ``timeout_s`` the new liveness timeout (None keeps it).
+
+        A new list starts a new shuffled round robin, so every peer, new ones too, is a target
+        within one cycle (an unchanged list keeps its cycle, whose bound liveness relies on).
+        A new peer gets every class in its first Batch, like a restarted one.  A removed peer
+        is never a target again, its datagrams are unknown_peer, and what we knew of it is
+        forgotten: its id's binding and lives, its pending limit notes.  Only its link counters
+        (``_seq``, ``_seqs``) are kept, for the last max(KEEP_GONE, len(peers)) removed peers:
+        one whose registry lease merely lapsed still runs and remembers them, and counters
+        started over would be refused as replays (its window) and their values as older ones
+        (newest wins) until they caught up."""
+        if timeout_s is not None:
+            self.timeout_s = timeout_s
+        if tuple(peers) != tuple(self.peers):
+            self._replace(peers)
+        bound = set(self._node_at.values())
+        self._bind(names or {})
+        for node in bound.difference(self._node_at.values()):
+            self._lives.pop(node, None)
+
+    def _replace(self, peers: Sequence[Addr]) -> None:
+        """Target ``peers`` from now on; forget what was only for the removed ones."""
+        gone = [addr for addr in self.peers if addr not in peers]
+        joined = [addr for addr in peers if addr not in self.peers]
+        self.peers = peers
+        self._cycle = Cycle(len(peers), self._cycle.rng)
+        self._full.update(joined)
+        for addr in gone:
+            self._full.discard(addr)
+            self._heard.pop(addr, None)
+            self._pending.pop(addr, None)
+        for addr in joined:
+            self._gone.pop(addr, None)              # a lapsed lease renewed: its counters go on
+        self._gone.update(dict.fromkeys(gone))
+        while len(self._gone) > max(self.KEEP_GONE, len(peers)):
+            addr = next(iter(self._gone))
+            del self._gone[addr]
+            self._seq.pop(addr, None)
+            self._seqs.pop(addr, None)
+
+    def _bind(self, names: Mapping[Addr, str]) -> None:
+        """Bind each named peer's id to its address (``names``, only our peers'); a learned
+        binding stays while its address is still a peer and its id is not named elsewhere."""
+        self._names = {addr: node for addr, node in names.items() if addr in self.peers}
+        self._homes = {node: addr for addr, node in self._names.items()}    # named id -> its address
+        learned = {addr: node for addr, node in self._node_at.items()
+                   if addr in self.peers and node not in self._homes}
+        self._node_at = {**learned, **self._names}                            # named or learned: address -> id
+        self._addr_of = {node: addr for addr, node in self._node_at.items()}  # and back
 
     def targets(self) -> list[Addr]:
         """This interval's targets: every peer if ``branching`` covers them, else the next ``branching``."""
@@ -336,13 +390,15 @@ class GossipCore:
         if addr is None:
             self.stats.unroutable += 1
             return None
-        return addr, self._datagram(addr, class_id, env.body, now)
+        lives = self._lives.get(env.dst)
+        return addr, self._datagram(addr, class_id, env.body, now, (lives and lives.current) or 0)
 
-    def _datagram(self, addr: Addr, class_id: int, payload: Payload, now: float) -> bytes:
+    def _datagram(self, addr: Addr, class_id: int, payload: Payload, now: float, dst_incarnation: int = 0) -> bytes:
         seq = self._seq.get(addr, 0) + 1
         self._seq[addr] = seq
         header = Header(cluster=self.cluster, node=self.node_id, dst=self._node_at.get(addr, ""),
-                        class_id=class_id, seq=seq, sent_at=now, incarnation=self.incarnation)
+                        class_id=class_id, seq=seq, sent_at=now, incarnation=self.incarnation,
+                        dst_incarnation=dst_incarnation)
         data = encode(Message(header, payload), self.key)
         self.stats.count_sent(len(data), now)
         return data
@@ -359,6 +415,10 @@ class GossipCore:
             return self.reject(Reason.LOOP)
         if h.dst and h.dst != self.node_id:
             return self.reject(Reason.WRONG_DST)
+        if h.dst_incarnation and h.dst_incarnation != self.incarnation:
+            # a transfer (or its retransmission) to the life before our restart: crediting it
+            # to this life would count capacity twice (docs/allocators.md "Rejoin")
+            return self.reject(Reason.OTHER_LIFE)
         if not self._may_speak(h.node, addr, now):      # before the window: a wrong id touches nothing
             return self.reject(Reason.WRONG_SENDER)
         lives = self._lives.get(h.node)

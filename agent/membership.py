@@ -6,9 +6,11 @@
     view = members.view(class_key, now)       # agent/model.py PeerView of one class
     members.class_lost[class_key]             # its values lost on the way, all peers
     members.status(now)                       # rows for drlctl status
+    members.set_peers({addr: "n2", ...}, timeout_s=...)   # the registry's set changed: N follows
 
-N is fixed by configuration: this node plus one slot per configured peer
-address.  A slot is named by ``names`` (``--peers ID@HOST:PORT``) or takes
+N is this node plus one slot per peer address: the configured ones, or the
+registry's current set (:meth:`Membership.set_peers`).  A slot is named by
+``names`` (``--peers ID@HOST:PORT``, the registry's ids) or takes
 the node id of whoever authenticates from that address
 (agent/gossip.py checked MAC, identity, replay and incarnation before we see
 it: a named slot only ever hears its own id, and a learned id keeps its slot
@@ -41,6 +43,12 @@ from .wire import Batch
 _NOTHING = (0, 0.0, None)      # (seq, value, local_Bps) of a class a peer has not published
 
 
+def _checked(timeout_s: float) -> float:
+    if timeout_s <= 0:
+        raise ValueError(f"liveness timeout must be > 0 s, got {timeout_s}")
+    return timeout_s
+
+
 def liveness_timeout(interval_s: float, n_peers: int, branching: int, misses: int = 3) -> float:
     """Silence after which a peer is stale: ``misses`` gossip cycles of ceil(n_peers/branching)
     intervals.  A peer reaches us at least once per 2 cycles (gossip.py shuffled round
@@ -70,8 +78,8 @@ class _Peers(Mapping[str, PeerState]):
         self._rows, self._class = rows, class_id
 
     def __getitem__(self, name: str) -> PeerState:
-        _, values, alive, age = self._rows[name]
-        return PeerState(name, values.get(self._class, _NOTHING)[1] if alive else 0.0, alive, age)
+        _, values, alive, age, incarnation = self._rows[name]
+        return PeerState(name, values.get(self._class, _NOTHING)[1] if alive else 0.0, alive, age, incarnation)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._rows)
@@ -84,9 +92,7 @@ class Membership:
     def __init__(self, node_id: str, peer_addrs: Sequence[Addr], timeout_s: float,
                  names: Mapping[Addr, str] | None = None, failsafe_s: float = math.inf,
                  slack_s: float = 0.0) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"liveness timeout must be > 0 s, got {timeout_s}")
-        self.node_id, self.timeout_s = node_id, timeout_s
+        self.node_id, self.timeout_s = node_id, _checked(timeout_s)
         self.failsafe_s, self.slack_s = failsafe_s, slack_s      # the stale rule: may_still_pass
         names = names or {}
         self._slots = {addr: _Slot(addr, names.get(addr, "")) for addr in peer_addrs}
@@ -94,6 +100,39 @@ class Membership:
         self._homes = {node: addr for addr, node in self._named.items()}    # named id -> its address
         self.class_lost: collections.Counter[int] = collections.Counter()
         self._rows_at: tuple | None = None
+
+    def set_peers(self, peers: Mapping[Addr, str | None], *, timeout_s: float | None = None,
+                  slack_s: float | None = None) -> None:
+        """The peer set changed at runtime (a registry's watch): ``peers`` maps every current
+        peer address to its node id, or None for an unnamed one (learned as at start).
+
+        A peer that stays (same address, and the same id if it is named) keeps its slot:
+        values, last_seen, incarnation, lost.  A removed one is gone at once (N shrinks;
+        it is not stale, it is no member).  A new one, or an address now named with another
+        id than it had, is a fresh slot: stale until heard, as at start.  So a node id that
+        rejoins at a new address is a new slot there.  An unnamed slot whose learned id is
+        now named elsewhere reverts to a placeholder (a named id speaks only from its home).
+
+        ``timeout_s`` / ``slack_s``: the new liveness timeout and stale-rule slack, for a
+        caller whose values follow N (liveness_timeout(interval, n_peers, branching));
+        None keeps the current value (an explicit ``--peer-timeout`` stays fixed)."""
+        if timeout_s is not None:
+            self.timeout_s = _checked(timeout_s)
+        if slack_s is not None:
+            self.slack_s = slack_s
+        self._named = {addr: node for addr, node in peers.items() if node}
+        self._homes = {node: addr for addr, node in self._named.items()}
+        self._slots = {addr: self._kept(addr) for addr in peers}
+        self._rows_at = None
+
+    def _kept(self, addr: Addr) -> _Slot:
+        """``addr``'s slot under the new names (set_peers): the old one if it is still the same
+        peer, else a fresh one."""
+        name, slot = self._named.get(addr, ""), self._slots.get(addr)
+        if slot is None or (slot.node_id not in ("", name) if name else slot.node_id in self._homes):
+            return _Slot(addr, name)
+        slot.node_id = slot.node_id or name
+        return slot
 
     @property
     def n_nodes(self) -> int:
@@ -163,18 +202,18 @@ class Membership:
 
     def _rows(self, now: float) -> tuple[dict, tuple[str, ...], int, dict, list]:
         """At ``now``, worked out once for all the classes a tick views at one instant:
-        {name: (name, values, alive, age)} of every slot, the sorted member ids, the alive
+        {name: (name, values, alive, age, incarnation)} of every slot, the sorted member ids, the alive
         count, every class's sum over the alive peers (one pass over what they published,
         not a pass over the peers per class), and the stale peers' (values, age)."""
         if self._rows_at is None or self._rows_at[0] != now:
-            rows = {slot.name(): (slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen)
-                    for slot in self._slots.values()}
+            rows = {slot.name(): (slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen,
+                                  slot.incarnation) for slot in self._slots.values()}
             sums: dict[int, float] = {}
-            for _, values, alive, _ in rows.values():
+            for _, values, alive, _, _ in rows.values():
                 if alive:
                     for key, (_, value, _) in values.items():
                         sums[key] = sums.get(key, 0.0) + value
-            stale = [(values, age) for _, values, alive, age in rows.values() if not alive]
+            stale = [(values, age) for _, values, alive, age, _ in rows.values() if not alive]
             self._rows_at = (now, rows, tuple(sorted([self.node_id, *rows])),
                              sum(row[2] for row in rows.values()), sums, stale)
         return self._rows_at[1:]

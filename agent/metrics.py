@@ -203,6 +203,11 @@ def agent_metrics(snap: Published) -> Iterator[Metric]:
                             value=1 if st["datapath"]["state"] == "attached" else 0)
     yield CounterMetricFamily("drl_datapath_reattached", "Times the filter was found removed and attached again",
                               value=st["datapath"]["reattached"])
+    if st["registry"] is not None:
+        yield GaugeMetricFamily("drl_registry_up", "1 while etcd (--registry) answers, 0 while the agent runs "
+                                "on the members and classes it last saw", value=int(st["registry"]["state"] == "reachable"))
+        yield GaugeMetricFamily("drl_registry_members", "Agents registered in etcd, this one included",
+                                value=len(st["registry"]["members"]))
 
 
 # status key (bits/s) -> metric name (bytes/s), help

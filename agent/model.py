@@ -46,6 +46,8 @@ class PeerState:
     value: float       # last published value (newest wins: agent/gossip.py, "Loss compensation")
     alive: bool
     age_s: float       # seconds since we last heard from it
+    incarnation: int = 0   # its current life (agent/gossip.py header); 0 = unknown.  A new one
+                           # means it restarted: what it held and its link state are gone
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,8 @@ class PeerView:
     what its datapath may still pass is kept out of the limit the alive nodes
     share (``reserved_Bps``, see effective_limit).
     """
-    members: tuple[str, ...]                 # every configured node id, self included, sorted
-    peers: Mapping[str, PeerState]           # the others (may be a lazy mapping in the simulator)
+    members: tuple[str, ...]                 # every current member id, self included, sorted
+    peers: Mapping[str, PeerState]           # the other members (may be lazy); no entry = not a member
     remote_sum: float                        # sum of alive peers' values; stale ones count 0
     n_alive: int                             # alive peers, self excluded
     reserved_Bps: float | None = None        # what stale peers' datapaths may still pass; None: 1/N each

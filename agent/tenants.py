@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from drl.agent.classes import ClassRule
 from drl.agent.classify import compile_rules
@@ -43,6 +43,7 @@ class ClassRun:
     inbox: list = field(default_factory=list)
     last: tuple[Snapshot, Step, Any] | None = None
     said: tuple[str, Any] | None = None      # (mode, warning) last logged
+    written: tuple | None = None             # the config last written to the datapath (agent/daemon.py _enforce)
 
     @property
     def name(self) -> str:
@@ -57,8 +58,10 @@ class Changes:
 
 
 class ClassTable:
-    def __init__(self, dp, book: LimitBook, *, node_id: str, state_dir: str, max_classes: int):
+    def __init__(self, dp, book: LimitBook, *, node_id: str, state_dir: str, max_classes: int,
+                 founders: Callable[[str, tuple[str, ...]], tuple[str, ...]] | None = None):
         self.dp, self.book = dp, book
+        self.founders = founders          # with a registry: Registry.founders
         self.node_id, self.state_dir, self.max_classes = node_id, state_dir, max_classes
         self._runs: dict[str, ClassRun] = {}
         self._by_key: dict[int, ClassRun] = {}
@@ -105,7 +108,7 @@ class ClassTable:
         statefile = StateFile.for_class(conf, self.node_id, self.state_dir)
         state = statefile.load() if statefile else None
         if state is None:
-            state = conf.allocator.initial_state(self.node_id, members)
+            state = conf.allocator.initial_state(self.node_id, self._genesis(conf, members))
         self.dp.reset_class(class_id)
         # policed from its first packet: the static 1/N share until its allocator's first tick
         # (a shadow class only counts, from its first packet too)
@@ -117,12 +120,20 @@ class ClassTable:
         self.book.configure(conf.name, conf.global_Bps)
         if conf.allocator != run.conf.allocator:
             run.statefile = StateFile.for_class(conf, self.node_id, self.state_dir)
-            run.state = conf.allocator.initial_state(self.node_id, members)
+            run.state = conf.allocator.initial_state(self.node_id, self._genesis(conf, members))
         if (conf.ewma, conf.flow_ewma) != (run.conf.ewma, run.conf.flow_ewma):
             run.estimator = Estimator(conf.ewma, conf.flow_ewma)
         # shadow on or off is nothing more: the next tick writes it with the rest of the
         # config; bucket, counters and allocator state carry on
         run.conf = conf
+
+    def _genesis(self, conf: "ClassConf", members: tuple[str, ...]) -> tuple[str, ...]:
+        """The members a class's allocator starts from: with a registry, a diffusion
+        allocator gets its founders, the same on every agent (genesis shares add up to
+        the limit); otherwise the members now."""
+        if self.founders is not None and getattr(conf.allocator, "genesis_shares", False):
+            return self.founders(conf.name, members)
+        return members
 
     def _order(self, confs: tuple["ClassConf", ...]) -> None:
         """Iteration in config order (status lists classes as the file does)."""
@@ -142,11 +153,12 @@ class StateFileError(Exception):
 class StateFile:
     """A class's allocator state on disk, for allocators with dump_state/load_state (dqmp).
 
-    Written every tick with write-to-temp + rename, so a crash leaves the old
-    or the new snapshot, never half of one."""
+    Written on every tick that changed it, with write-to-temp + rename, so a
+    crash leaves the old or the new snapshot, never half of one."""
 
     def __init__(self, alloc, path: Path):
         self.alloc, self.path = alloc, path
+        self._saved: str | None = None      # what the file holds: an unchanged state is not written
 
     @classmethod
     def for_class(cls, conf: "ClassConf", node_id: str, state_dir: str) -> "StateFile | None":
@@ -173,7 +185,11 @@ class StateFile:
         return state
 
     def save(self, state: Any) -> None:
+        text = json.dumps(self.alloc.dump_state(state))
+        if text == self._saved:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.alloc.dump_state(state)))
+        tmp.write_text(text)
         os.replace(tmp, self.path)
+        self._saved = text

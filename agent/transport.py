@@ -17,6 +17,8 @@ The daemon's tick (agent/daemon.py)::
         view = members.view(class_key, now)      # -> allocator Snapshot.view
         transport.publish({class_key: Outgoing(decision.publish, version, active), ...}, now)
         for env in step.outbox: transport.send(env, class_key, now)
+    when the registry's set changes ({address: node id}, this node's entry left out):
+        members.set_peers(transport.set_peers(current, timeout_s=t), timeout_s=t)   # t: None if fixed
     transport.close()
 """
 from __future__ import annotations
@@ -91,7 +93,10 @@ class UdpTransport:
     the bound address is this node and is left out.  ``resolved`` maps each given
     peer to its resolved address.  ``names`` (peer address as given -> node id,
     from ``--peers ID@HOST:PORT``) and ``timeout_s`` (the liveness timeout) bind
-    ids to addresses in the core (GossipCore, "Identity").
+    ids to addresses in the core (GossipCore, "Identity").  ``set_peers`` changes the
+    peers at runtime; an agent that may gain peers needs this transport from the start,
+    even with none (Standalone has no socket, and the datapath exempts the gossip port
+    it is told at startup).
     """
 
     def __init__(self, sock: socket.socket, peers: Sequence[HostPort], *, node_id: str, cluster: str,
@@ -108,6 +113,7 @@ class UdpTransport:
             sock.close()
             raise
         self.resolved: dict[HostPort, HostPort] = dict(zip(peers, resolved))
+        self.unresolved: dict[HostPort, str] = {}      # set_peers: a peer whose name failed, and why
         self.peer_addrs = PeerList(a for a in resolved if a != self.address)
         self.queue_size = queue_size
         self.core = GossipCore(node_id, cluster, key, self.peer_addrs, branching, incarnation, rng,
@@ -120,6 +126,30 @@ class UdpTransport:
         """Listen on ``listen``; ``mark``: SO_MARK of every datagram sent (None: unmarked);
         ``kw`` as for the constructor.  Raises TransportError."""
         return cls(_bind(listen, mark), peers, **kw)
+
+    def set_peers(self, peers: Mapping[HostPort, str | None],
+                  timeout_s: float | None = None) -> dict[HostPort, str | None]:
+        """The peer set changed at runtime (a registry's watch): ``peers`` maps each peer's
+        address as given to its node id (None: learned from its datagrams); ``timeout_s``
+        as for GossipCore.set_peers.  Returns the members for Membership.set_peers:
+        {address its datagrams come from: id}, this node left out.
+
+        Only new addresses are resolved (no DNS on the tick for the others).  One that does
+        not resolve is not gossiped with but stays a member under its address as given:
+        never heard, so stale and counted in N, as a peer we cannot reach must be (leaving
+        it out would let us take its share).  It is in ``unresolved`` with the reason, and
+        is resolved again on the next call.  Never raises."""
+        resolved, self.unresolved = {}, {}
+        for addr in peers:
+            try:
+                resolved[addr] = self.resolved.get(addr) or _resolve(*addr, self.sock.family)
+            except TransportError as e:
+                self.unresolved[addr] = str(e)
+        self.resolved = resolved
+        self.peer_addrs = PeerList(a for a in resolved.values() if a != self.address)
+        self.core.set_peers(self.peer_addrs, {resolved[a]: n for a, n in peers.items() if n and a in resolved},
+                            timeout_s)
+        return {resolved.get(a, a): n for a, n in peers.items() if resolved.get(a) != self.address}
 
     def poll(self, now: float) -> list[Received]:
         """Everything that arrived since the last poll, validated, in arrival order; never raises."""
@@ -180,6 +210,15 @@ class Standalone:
         self.peer_addrs = PeerList(())
         self.resolved: dict[HostPort, HostPort] = {}
         self.stats = Stats()
+
+    def set_peers(self, peers: Mapping[HostPort, str | None],
+                  timeout_s: float | None = None) -> dict[HostPort, str | None]:
+        """No peers, ever: with a socket bound only now, the datapath (told the gossip port
+        at startup) would police our gossip.  An agent that may gain peers starts with a
+        UdpTransport, even with none."""
+        if peers:
+            raise TransportError("this agent started without peers has no gossip socket")
+        return {}
 
     def poll(self, now: float) -> list[Received]:
         return []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hmac
 import math
 import os
@@ -56,6 +57,7 @@ class Reason(str, enum.Enum):
     WRONG_DST = "wrong_dst"            # addressed to another node id (cross-link replay)
     WRONG_SENDER = "wrong_sender"      # node id not bound to its source address (gossip.py: identity)
     OLD_INCARNATION = "old_incarnation"  # from a previous life of a restarted peer
+    OTHER_LIFE = "other_life"          # a point-to-point message meant for our previous life
     REPLAYED = "replayed"              # sequence number already seen or left of the window
     QUEUE_FULL = "queue_full"          # receive queue full this poll
 
@@ -69,6 +71,7 @@ class Header:
     sent_at: float
     class_id: int = 0
     dst: str = ""
+    dst_incarnation: int = 0
     version: int = VERSION
 
 
@@ -176,12 +179,13 @@ def _read_body(cls: type, sub) -> Payload | None:
 
 
 def _fill_batch(sub, batch: Batch) -> None:
-    vals = batch.values
-    sub.keys.extend([v.key for v in vals])
-    sub.seqs.extend([v.seq for v in vals])
-    sub.values.extend([v.value for v in vals])
-    sub.versions.extend([v.version for v in vals])
-    sub.locals.extend([_kBps(v.local_Bps) for v in vals])
+    if batch.values:
+        keys, seqs, values, versions, locals_ = zip(*batch.values)
+        sub.keys.extend(keys)
+        sub.seqs.extend(seqs)
+        sub.values.extend(values)
+        sub.versions.extend(versions)
+        sub.locals.extend(map(_kBps, locals_))
     for note in batch.limits:
         sub.limits.add(key=note.key, version=note.version, global_Bps=note.global_Bps)
 
@@ -199,10 +203,23 @@ def _read_batch(sub) -> Batch | None:
     return Batch(tuple(map(ClassValue, keys, seqs, values, versions, (1000.0 * x for x in locals_))), limits)
 
 
+# A round sends a class's value to several targets, and each datagram converts and sizes it
+# twice (pack, then _fill_batch): the pure conversions below are memoized, for a round's
+# classes (at most 4,096) and the previous round's.
+_ROUND_CACHE = 2 * 4096
+
+
+@functools.lru_cache(maxsize=_ROUND_CACHE)
 def _kBps(rate_Bps: float) -> int:
     """A local limit on the wire: kB/s rounded up (a stale peer is never counted below what it
     may send), at most 2**32 - 1 kB/s (34 Tbit/s)."""
     return min(2**32 - 1, math.ceil(max(0.0, rate_Bps) / 1000.0))
+
+
+@functools.lru_cache(maxsize=_ROUND_CACHE)
+def _tail_bytes(version: int, local_Bps: float) -> int:
+    """A value's version and local limit varints (0 takes one byte)."""
+    return ((version.bit_length() + 6) // 7 or 1) + ((_kBps(local_Bps).bit_length() + 6) // 7 or 1)
 
 
 def _note_bytes(n: LimitNote) -> int:
@@ -224,9 +241,8 @@ def pack(values: list[ClassValue], limits: list[LimitNote], room: int) -> list[B
         used += cost
     start = 0
     for i, v in enumerate(values):
-        # key fixed32 + seq varint + value float + version varint (0 takes one byte) + local varint
-        cost = (8 + (v.seq.bit_length() + 6) // 7 + ((v.version.bit_length() + 6) // 7 or 1)
-                + ((_kBps(v.local_Bps).bit_length() + 6) // 7 or 1))
+        # key fixed32 + seq varint + value float + version varint + local varint
+        cost = 8 + (v.seq.bit_length() + 6) // 7 + _tail_bytes(v.version, v.local_Bps)
         if used + cost > room and (i > start or cur_l):
             out.append(Batch(tuple(values[start:i]), tuple(cur_l)))
             start, cur_l, used = i, [], 0

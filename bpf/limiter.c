@@ -3,7 +3,8 @@
  * Every packet goes classify -> police -> count -> sample, from map state
  * alone: the kernel never waits for Python (design.md).  agent/datapath.py
  * compiles this file with bcc, attaches it at egress, writes `settings`,
- * the classification maps (agent/classify.py lays them out) and `config`, and reads `counters`, `bypass_counters` and `flows`.
+ * the classification maps (agent/classify.py lays them out), `config` and
+ * `heartbeat`, and reads `counters`, `bypass_counters` and `flows`.
  * Layouts of every map value are in limiter.h.
  */
 #include <uapi/linux/bpf.h>
@@ -26,6 +27,7 @@ BPF_F_TABLE("hash", struct net_key, struct rule_list, dst_nets, MAX_KEYS, BPF_F_
 BPF_F_TABLE("hash", struct net_key, struct rule_list, src_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_ARRAY(config, struct class_config, MAX_CLASSES);     /* agent writes; police reads */
+BPF_ARRAY(heartbeat, __u64, 1);                          /* agent writes every tick; stale reads */
 BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locked); agent reads quota */
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
 BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
@@ -217,11 +219,16 @@ static __always_inline __s64 classify(const struct settings *s, const struct flo
  * copies sk_mark to skb->mark for every datagram it builds).  Both must
  * hold: any socket may use the port (another address, or as destination),
  * and only CAP_NET_ADMIN can set a mark.  Everything else on the port is
- * traffic like any other (issue 19: the port alone was a bypass). */
+ * traffic like any other (issue 19: the port alone was a bypass).  With a
+ * registry, its TCP connections to etcd's port carry the same mark
+ * (agent/etcdgw.py): a lease renewal dropped by a class that matches every
+ * packet would make the agent leave its own cluster. */
 static __always_inline int exempt(const struct settings *s, const struct flow_key *k, __u32 mark)
 {
-	return s->gossip_port && k->proto == IPPROTO_UDP && k->sport == s->gossip_port &&
-	       mark == s->gossip_mark;
+	if (!s->gossip_port || mark != s->gossip_mark)
+		return 0;
+	return (k->proto == IPPROTO_UDP && k->sport == s->gossip_port) ||
+	       (k->proto == IPPROTO_TCP && s->registry_port && k->dport == s->registry_port);
 }
 
 /* The bytes the limit counts: the L2 frame as the kernel's qdiscs (tbf)
@@ -231,6 +238,23 @@ static __always_inline int exempt(const struct settings *s, const struct flow_ke
 static __always_inline __u64 wire_bytes(struct __sk_buff *skb)
 {
 	return skb->wire_len;
+}
+
+/* The agent went silent: for timeout_ns neither this config was written
+ * nor the agent's heartbeat, which every tick stamps (agent/daemon.py tick),
+ * so a class whose decision did not change needs no write to stay fresh.
+ * Both stamps are the agent's CLOCK_MONOTONIC, like bpf_ktime_get_ns. */
+static __always_inline int stale(const struct class_config *c, __u64 now)
+{
+	__u32 zero = 0;
+	__u64 *beat, fresh = c->updated_ns;
+
+	if (!c->timeout_ns)
+		return 0;
+	beat = heartbeat.lookup(&zero);
+	if (beat && *beat > fresh)
+		fresh = *beat;
+	return now > fresh + c->timeout_ns;
 }
 
 /* What applies to a class right now: its config, or the fail-safe when
@@ -246,10 +270,9 @@ static __always_inline struct policy policy_of(const struct class_config *c, __u
 {
 	struct policy p = { .ns_per_byte = c->ns_per_byte, .depth_ns = c->depth_ns, .mode = c->mode };
 
-	/* Fail-safe: the agent stopped refreshing the config, so its decision is
-	 * stale; enforce the safe rate by ourselves (the lease of
-	 * [RLDesign], "safe" policy). */
-	if (c->timeout_ns && now > c->updated_ns + c->timeout_ns) {
+	/* Fail-safe: the agent's decision is stale; enforce the safe rate by
+	 * ourselves (the lease of [RLDesign], "safe" policy). */
+	if (stale(c, now)) {
 		p.mode = c->safe_rate_Bps == UNLIMITED ? MODE_PASS : MODE_BUCKET;
 		p.ns_per_byte = c->safe_ns_per_byte;
 		p.depth_ns = c->safe_depth_ns;
@@ -451,7 +474,7 @@ static __always_inline int shape(struct __sk_buff *skb, __u32 class_id, __u64 no
 {
 	struct class_config *c = config.lookup(&class_id);
 
-	if (!c || !c->shape_prio || (c->timeout_ns && now > c->updated_ns + c->timeout_ns))
+	if (!c || !c->shape_prio || stale(c, now))
 		return 0;
 	skb->priority = c->shape_prio;
 	return 1;

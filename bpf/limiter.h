@@ -124,7 +124,7 @@ struct settings {
 	__u32 mark_masks[MAX_MARK_MASKS];        /* tried in order; 0 = free slot */
 	__u32 gossip_mark;                       /* the agent's own gossip: skb->mark == gossip_mark */
 	__u16 gossip_port;                       /*   and UDP from this port; 0 = nothing is exempt */
-	__u16 pad0;
+	__u16 registry_port;                     /*   or TCP to this port (etcd); 0 = none */
 	__u8  dst_lengths[MAX_PREFIX_LENGTHS];   /* net_key prefixlens in dst_nets, any order; > 8 + 128 = free */
 	__u8  src_lengths[MAX_PREFIX_LENGTHS];   /* the same for src_nets */
 };
@@ -136,7 +136,8 @@ struct class_config {
 	__u64 burst_bytes;         /* bucket depth */
 	__u64 drop_prob;           /* MODE_DROP, out of PROB_ONE */
 	__u64 updated_ns;          /* bpf_ktime_get_ns() clock (CLOCK_MONOTONIC) at the agent's last write */
-	__u64 timeout_ns;          /* 0 = never; after updated_ns + timeout_ns the safe rate applies */
+	__u64 timeout_ns;          /* 0 = never; timeout_ns after the later of updated_ns and heartbeat[0]
+	                            * (the agent's last tick) the safe rate applies (limiter.c stale) */
 	__u64 safe_rate_Bps;       /* fail-safe bucket rate when the agent is silent; UNLIMITED = pass */
 	__u64 safe_burst_bytes;
 	__u64 floor_rate_Bps;      /* a bucket never refills slower: FPS slow start (limiter.c policy_of) */

@@ -6,6 +6,8 @@ Examples:
     drl-agent up --iface eth0 --global 50mbit --node-id a --listen 0.0.0.0:7470 \\
         --peers 10.0.0.2:7470,10.0.0.3:7470 --key-file /etc/drl/cluster.key
     drl-agent up --config /etc/drl/drl.toml
+    drl-agent up --iface eth0 --global 50mbit --listen 10.0.0.1:7470 \\
+        --registry etcd://10.0.0.9:2379 --cluster prod --key-file /etc/drl/cluster.key
     drl-agent reload
     drl-agent down
 """
@@ -104,6 +106,12 @@ def main() -> None:
               help="Log lines on stderr: logfmt or JSON, one event per line, same keys (docs/logs.md).")
 @click.option("--metrics", metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md) [default: off].")
+@click.option("--registry", metavar="etcd://HOST:PORT[,...]",
+              help="Find peers and read classes in etcd (docs/registry.md); --peers may then be empty.")
+@click.option("--cluster", help="The cluster's name in --registry: agents with the same name limit together.")
+@click.option("--registry-ca", type=click.Path(dir_okay=False), help="CA certificate of etcd's TLS (https).")
+@click.option("--registry-cert", type=click.Path(dir_okay=False), help="Client certificate for etcd (with --registry-key).")
+@click.option("--registry-key", type=click.Path(dir_okay=False), help="Key of --registry-cert.")
 @click.pass_context
 def up(ctx: click.Context, config: str | None, **opts) -> None:
     """Attach the limiter to IFACE and run in the foreground until SIGTERM/SIGINT.
@@ -114,6 +122,8 @@ def up(ctx: click.Context, config: str | None, **opts) -> None:
       drl-agent up --iface eth0 --global 50mbit --allocator grd \\
           --peers 10.0.0.2:7470 --key-file /etc/drl/cluster.key
       drl-agent up --config /etc/drl/drl.toml
+      drl-agent up --iface eth0 --global 50mbit --listen 10.0.0.1:7470 \\
+          --registry etcd://10.0.0.9:2379 --cluster prod --key-file /etc/drl/cluster.key
     """
     from drl.agent.config import ConfigError
     from drl.agent.daemon import run
@@ -130,21 +140,25 @@ def up(ctx: click.Context, config: str | None, **opts) -> None:
 
 def load_config(path: str | None, opts: dict, explicit: set[str], check_host: bool = True):
     """The Config of `drl-agent up`: the file at ``path`` (if any) under the flags in
-    ``explicit``; its ``reload`` re-reads the file with the same flags on top."""
+    ``explicit``; its ``reload`` re-reads the file with the same flags on top, and its
+    ``live_classes`` puts the registry's classes on top of that (configfile.merge)."""
     from drl.agent.config import ConfigError, build_classes, build_config
 
-    def options() -> tuple[dict, list[dict]]:
+    def options(live: dict[str, dict] | None = None) -> tuple[dict, list[dict]]:
         try:
-            return configfile.merge(configfile.read(path, up) if path else None, opts, explicit)
+            overlay = [configfile.table_options(table, up, f"etcd class {name!r}")
+                       for name, table in sorted((live or {}).items())]
+            return configfile.merge(configfile.read(path, up) if path else None, opts, explicit, overlay)
         except configfile.ConfigFileError as e:
             raise ConfigError(str(e)) from None
 
-    def reload():
-        agent_opts, classes = options()
-        return build_classes(agent_opts, classes, cfg.peers, cfg.max_classes)
+    def classes(live: dict[str, dict] | None = None):
+        agent_opts, tables = options(live)
+        return build_classes(agent_opts, tables, cfg.peers, cfg.max_classes)
 
     cfg = build_config(*options(), check_host=check_host)
-    return dataclasses.replace(cfg, reload=reload if path else None)
+    return dataclasses.replace(cfg, reload=classes if path else None,
+                               live_classes=classes if cfg.registry else None)
 
 
 @main.command()

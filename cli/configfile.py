@@ -46,14 +46,17 @@ class FileConfig:
     classes: tuple[dict[str, Any], ...]      # each: "name" plus class option dests
 
 
-def merge(file: FileConfig | None, opts: dict[str, Any], explicit: set[str]) -> tuple[dict, list[dict]]:
+def merge(file: FileConfig | None, opts: dict[str, Any], explicit: set[str],
+          overlay: Iterable[dict[str, Any]] = ()) -> tuple[dict, list[dict]]:
     """The options in force: (agent-wide options, one dict per class).
 
     Flags override the file: an agent-wide flag given on the command line (or
     in the environment) wins over [agent]; a class option given so wins over
     every class's own value; ``--global`` (with ``--class``) defines the class
     ``default``, replacing a file class of that name.  Unset class options
-    take [agent]'s value, then the flag's default.
+    take [agent]'s value, then the flag's default.  ``overlay`` (the classes
+    in etcd, :func:`table_options`) is the live source: each replaces the keys
+    it names of the class of its name, flags included, or adds the class.
     """
     file = file or FileConfig({}, ())
     if "class_specs" in explicit and opts.get("global_Bps") is None:
@@ -68,13 +71,24 @@ def merge(file: FileConfig | None, opts: dict[str, Any], explicit: set[str]) -> 
         classes = [c for c in classes if c["name"] != "default"]
         classes.insert(0, {**defaults, **forced, "name": "default", "global_Bps": opts["global_Bps"],
                            "class_specs": opts["class_specs"]})
-    if not classes:
+    for live in overlay:
+        at = next((i for i, c in enumerate(classes) if c["name"] == live["name"]), None)
+        if at is None:
+            classes.append({**defaults, "class_specs": (), **live})
+        else:
+            classes[at] = {**classes[at], **live}
+    if not classes and not agent.get("registry"):      # with one, the agent reads etcd's at start
         raise ConfigFileError("no class to limit: give --global RATE, or [[class]] tables in --config FILE")
     return agent, classes
 
 
 def file_key(param: click.Parameter) -> str:
     return _FILE_KEY.get(param.name, param.opts[-1].lstrip("-").replace("-", "_"))
+
+
+def _params(command: click.Command) -> dict[str, click.Parameter]:
+    """File key -> the option it sets."""
+    return {file_key(p): p for p in command.params if p.name not in NOT_IN_FILE}
 
 
 def read(path: str, command: click.Command) -> FileConfig:
@@ -89,7 +103,7 @@ def read(path: str, command: click.Command) -> FileConfig:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigFileError(f"{path}: {e}") from None
     src = _Source(path, raw.decode(errors="replace").splitlines())
-    params = {file_key(p): p for p in command.params if p.name not in NOT_IN_FILE}
+    params = _params(command)
     unknown = set(data) - {"agent", "class"}
     if unknown:
         raise ConfigFileError(f"{path}: unknown table [{sorted(unknown)[0]}] (use [agent] and [[class]])")
@@ -104,6 +118,25 @@ def read(path: str, command: click.Command) -> FileConfig:
         raise ConfigFileError(f"{src.at('class', names.index(dup, names.index(dup) + 1), 'name')}: "
                               f"class {dup!r} defined twice")
     return FileConfig(agent, classes)
+
+
+def class_tables(path: str, command: click.Command) -> list[dict[str, Any]]:
+    """The file's [[class]] tables as written (file keys, e.g. ``global = "50mbit"``), each
+    with [agent]'s class defaults it does not override folded in, so that a table means the
+    same without the file (``drlctl import``); checked first like ``read``."""
+    read(path, command)
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    keys = {file_key(p) for p in command.params if p.name in CLASS_OPTIONS and p.name not in PER_CLASS_ONLY}
+    defaults = {k: v for k, v in data.get("agent", {}).items() if k in keys}
+    return [{**defaults, **table} for table in data.get("class", [])]
+
+
+def table_options(table: dict[str, Any], command: click.Command, origin: str) -> dict[str, Any]:
+    """One [[class]] table from elsewhere (etcd) -> its option dict, as ``read`` gives a class;
+    errors name ``origin``."""
+    params = _params(command)
+    return _class(_Source(origin, []), table, 0, params)
 
 
 def _class(src: "_Source", table: Any, index: int, params: dict) -> dict[str, Any]:
@@ -142,7 +175,7 @@ def _convert(param: click.Parameter, value: Any) -> Any:
     if param.multiple:
         values = value if isinstance(value, list) else [value]
         return tuple(param.type.convert(_text(param, v), param, None) for v in values)
-    if param.name == "peers" and isinstance(value, list):
+    if param.name in ("peers", "registry") and isinstance(value, list):
         value = ",".join(map(str, value))
     if getattr(param, "is_flag", False):
         if not isinstance(value, bool):

@@ -7,6 +7,7 @@ Examples:
     drlctl classes
     drlctl set gold --global 100mbit
     drlctl top
+    drlctl import /etc/drl/drl.toml --registry etcd://10.0.0.9:2379 --cluster prod
 """
 from __future__ import annotations
 
@@ -130,6 +131,54 @@ def render(st: dict) -> str:
     for key, value in sorted(st.get("allocator_state", {}).items()):
         lines.append(f"  {st['allocator']}.{key} = {value}")
     return "\n".join(lines)
+
+
+@main.command("import")
+@click.argument("path", metavar="FILE", type=click.Path(dir_okay=False))
+@click.option("--registry", required=True, metavar="etcd://HOST:PORT[,...]", help="The etcd the agents read.")
+@click.option("--cluster", required=True, help="The agents' --cluster.")
+@click.option("--registry-ca", type=click.Path(dir_okay=False), help="CA certificate of etcd's TLS (https).")
+@click.option("--registry-cert", type=click.Path(dir_okay=False), help="Client certificate for etcd (with --registry-key).")
+@click.option("--registry-key", type=click.Path(dir_okay=False), help="Key of --registry-cert.")
+def import_file(path: str, registry: str, cluster: str, registry_ca: str | None, registry_cert: str | None,
+                registry_key: str | None) -> None:
+    """Write FILE's [[class]] tables (a drl.toml) into etcd, replacing classes of the same name;
+    every agent of the cluster applies them (docs/registry.md).  FILE is checked as
+    `drl-agent up --config` checks it, and nothing is written if it is refused.
+
+    \b
+    Examples:
+      drlctl import /etc/drl/drl.toml --registry etcd://10.0.0.9:2379 --cluster prod
+    """
+    from drl.agent.registry import RegistryError, import_classes, registry_config
+
+    try:
+        tables = checked_class_tables(path)
+        cfg = registry_config(registry, cluster, registry_ca, registry_cert, registry_key)
+        n = import_classes(cfg, tables)
+    except RegistryError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"imported {n} class{'es' if n != 1 else ''} into {cfg.prefix}classes/")
+
+
+def checked_class_tables(path: str) -> list[dict]:
+    """FILE's [[class]] tables, refused (ClickException, file:line where known) unless the agent
+    would accept them: the file's syntax and types, then each class as a ClassConf."""
+    from drl.agent.config import ConfigError, build_classes
+    from drl.cli import agent, configfile
+
+    try:
+        tables = configfile.class_tables(path, agent.up)
+        defaults = agent.up.make_context("up", [], resilient_parsing=True).params
+        agent_opts, classes = configfile.merge(configfile.read(path, agent.up), defaults, set())
+        build_classes(agent_opts, classes, (), agent_opts["max_classes"])
+    except configfile.ConfigFileError as e:
+        raise click.ClickException(str(e)) from None
+    except ConfigError as e:
+        raise click.ClickException(f"{path}: {e}") from None
+    if not tables:
+        raise click.ClickException(f"{path}: no [[class]] table to import")
+    return tables
 
 
 main.add_command(top)

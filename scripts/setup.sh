@@ -34,10 +34,15 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq "${APT_PKGS[@]}" >/dev/null
 apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-# The tests start their own nginx and Prometheus; on a host booted with systemd the
-# packages also enable and start system services (:80, :9090): stop and disable them.
+# etcd-server (3.4): /usr/bin/etcd for the registry's tests (lab/etcd.py, tests/kernel/test_registry_etcd.py)
+apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+# The tests start their own nginx, Prometheus and etcd; on a host booted with systemd the
+# packages also enable and start system services (:80, :9090, :2379): stop and disable them.
+# Without systemd, etcd's init script may have started it (policy-rc.d permitting).
 if [ -d /run/systemd/system ]; then
-    systemctl disable --now -q nginx prometheus 2>/dev/null || true
+    systemctl disable --now -q nginx prometheus etcd 2>/dev/null || true
+elif [ -x /etc/init.d/etcd ]; then
+    /etc/init.d/etcd stop >/dev/null 2>&1 || true
 fi
 
 kver=$(uname -r)

@@ -14,6 +14,6 @@ or from Python::
 Modules: engine (the tick loop), network (loss, delay, crashes, partitions),
 views (what each node heard, as numpy arrays), wiretap (real datagram sizes
 and SeqWindow loss detection), tcp / openloop / quota (demand models),
-trace (what a run recorded), experiments + scale / gdrl_graphs / dqmp_runs
+trace (what a run recorded), experiments + scale / gdrl_graphs / dqmp_runs / churn
 (the reproductions), plots.  See docs/sim.md.
 """

@@ -2,7 +2,7 @@
 
     setup = Setup(allocator="fps", n_nodes=100, global_Bps=parse_rate("50mbit"), loss=0.01)
     sim = Simulation(setup, demand=TcpFluid(flows, 100, rng))
-    sim.at(200, lambda s: s.crash([3, 4]))              # events: crash, rejoin, partition, heal
+    sim.at(200, lambda s: s.crash([3, 4]))              # events: crash, rejoin, leave, join, partition, heal
     trace = sim.run(600, progress=print_progress)
 
 One tick is one estimate interval, and does what the agent's daemon does on
@@ -20,6 +20,16 @@ every node, in the same order (docs/design.md, "one tick"):
 
 Only steps 3's inputs and outputs cross into allocator code; nothing of an
 allocator is re-implemented here.
+
+Membership changes the way a registry makes them (docs/sim.md, "The model"): the
+first ``Setup.founders`` ids are the members at start, the others wait
+outside; ``leave`` takes a node out of every view at once and stops it,
+``join`` starts a node (fresh, or back under its old id) and makes it a
+member.  A node that was a member before restarts from its saved state
+(``dump_state``/``load_state`` when the allocator has them, as the agent's
+state file), a new one with ``join=True`` (the allocators' joiner option).
+A node gossips to its graph neighbours and to every peer it exchanged a
+point-to-point message with (a joiner's random neighbours).
 """
 from __future__ import annotations
 
@@ -68,19 +78,24 @@ class Setup:
     stale_s: float | None = None                    # None: agent.membership.liveness_timeout
     estimator_ewma: float = 0.1                     # per second, agent.estimator.Estimator's default
     seed: int = 0
+    founders: int | None = None                     # members at start (the first ids); None: all
 
     def node_ids(self) -> tuple[str, ...]:
         width = len(str(self.n_nodes - 1))
         return tuple(f"n{i:0{width}d}" for i in range(self.n_nodes))
 
+    def founder_ids(self) -> tuple[str, ...]:
+        return self.node_ids()[:self.founders]
+
     def neighbours(self) -> list[list[int]] | None:
-        """Each node's graph neighbours as indexes (the allocator's own Graph)."""
+        """Each node's graph neighbours as indexes (the allocator's own Graph over the
+        founders; a later node has none until it opens links)."""
         if self.graph is None:
             return None
         ids = self.node_ids()
         index = {nid: i for i, nid in enumerate(ids)}
-        adj = self.graph.adjacency(ids)
-        return [[index[m] for m in adj[nid]] for nid in ids]
+        adj = self.graph.adjacency(self.founder_ids())
+        return [[index[m] for m in adj.get(nid, ())] for nid in ids]
 
     def effective_branching(self) -> int:
         return min(self.branching, self.n_nodes - 1)
@@ -106,10 +121,15 @@ class Simulation:
         self.ids = setup.node_ids()
         self.index = {nid: i for i, nid in enumerate(self.ids)}
         self.alloc = create(setup.allocator, **setup.params)
+        self.joiner = create(setup.allocator, **{**setup.params, "join": True})
         self.net = Network(n, setup.interval_s, self.rng, setup.loss, setup.delay_s, setup.jitter_s)
-        self.views = ViewTable(self.ids, setup.interval_s, setup.stale_ticks())
+        founders = setup.founder_ids()
+        starting = np.arange(n) < len(founders)
+        self.net.alive &= starting
+        self.views = ViewTable(self.ids, setup.interval_s, setup.stale_ticks(), members=starting)
         self.tap = WireTap(self.ids, self.rng)
-        self.states = [self.alloc.initial_state(nid, self.ids) for nid in self.ids]
+        self.states: list[Any] = [self.alloc.initial_state(nid, founders) if i < len(founders) else None
+                                  for i, nid in enumerate(self.ids)]
         self.estimators = [Estimator(ewma=setup.estimator_ewma) for _ in range(n)]
         self.inbox: list[list[Envelope]] = [[] for _ in range(n)]
         self.update_seq = np.zeros((n, n), dtype=np.int32)   # agent.gossip: per (sender, receiver)
@@ -135,16 +155,38 @@ class Simulation:
             self.decisions[i] = None
 
     def rejoin(self, nodes: Sequence[int]) -> None:
-        """A restarted agent: fresh state, estimator and view; it keeps its id."""
+        """A restarted agent: its saved state, a fresh estimator and view; it keeps its id."""
         self.net.rejoin(nodes)
         for i in nodes:
-            self.states[i] = self.alloc.initial_state(self.ids[i], self.ids)
+            self.states[i] = self._restarted_state(i)
             self.estimators[i] = Estimator(ewma=self.setup.estimator_ewma)
             self.views.restart(i)
             self.tap.restart(i)
+            self.net.purge(i, self.ids[i])
             self.update_seq[i, :] = 0
             self.cycles[i] = self._cycle()
             self.inbox[i] = []
+
+    def leave(self, nodes: Sequence[int]) -> None:
+        """Nodes that leave the registry: stopped, and no member for anyone from now on."""
+        self.crash(nodes)
+        for i in nodes:
+            self.views.leave(i, self.tick)
+            self.net.purge(i, self.ids[i])
+
+    def join(self, nodes: Sequence[int]) -> None:
+        """Nodes that join the registry: new ones start as joiners, former members restart."""
+        for i in nodes:
+            self.views.join(i)
+        self.rejoin(nodes)
+
+    def _restarted_state(self, i: int) -> Any:
+        nid, old = self.ids[i], self.states[i]
+        if old is None:
+            return self.joiner.initial_state(nid, self.views.view(i, self.tick).members)
+        if hasattr(self.alloc, "load_state"):
+            return self.alloc.load_state(self.alloc.dump_state(old))
+        return self.alloc.initial_state(nid, self.views.view(i, self.tick).members)
 
     # --- the loop -----------------------------------------------------
     def run(self, n_ticks: int, progress: Callable[[int, int], None] | None = None) -> Trace:
@@ -210,10 +252,17 @@ class Simulation:
             dst = self.index.get(env.dst)
             if dst is None:
                 continue   # the agent's gossip drops a message to an unknown peer the same way
+            self._partners(i, dst)
             self.update_seq[i, dst] += 1        # one sequence stream per (sender, receiver)
             seq = int(self.update_seq[i, dst])
             self.control_bytes += self.tap.envelope_sent(self.ids[i], env, seq, now)
             self.net.send_envelope(i, dst, Envelope(env.body, dst=env.dst, src=self.ids[i]), seq, k)
+
+    def _partners(self, i: int, j: int) -> None:
+        """Gossip along a link an allocator opened outside the graph (a joiner's picks)."""
+        if self.neighbours is not None and j not in self.neighbours[i]:
+            self.neighbours[i].append(j)
+            self.neighbours[j].append(i)
 
     def _targets(self, senders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(src, dst) of this tick's Updates: every graph neighbour, or ``branching``

@@ -69,6 +69,15 @@ class Network:
     def heal(self) -> None:
         self.group[:] = 0
 
+    def purge(self, node: int, node_id: str) -> None:
+        """Drop what is in flight to or from ``node``: its old life's messages never reach
+        its new one, nor does its new life get what was sent to the old (agent.gossip's
+        incarnations; a restart takes longer than a message in the agent)."""
+        for tick, parts in self._updates.items():
+            self._updates[tick] = [p.select((p.src != node) & (p.dst != node)) for p in parts]
+        for tick, items in self._envelopes.items():
+            self._envelopes[tick] = [it for it in items if it[0] != node and it[1].src != node_id]
+
     # --- sending ------------------------------------------------------
     def _survives(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         ok = self.alive[src] & (self.group[src] == self.group[dst])

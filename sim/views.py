@@ -18,6 +18,13 @@ An update older than the newest one seen from the same sender (reordered by
 the network's jitter) does not overwrite it, but shows the sender alive.
 tests/unit/test_stale_rule.py holds this table to agent.membership.  Loss *detection* is
 sim.wiretap's job, with the agent's own SeqWindow.
+
+Membership, as a registry's watch gives it to agent.membership (``set_peers``):
+``leave(j)`` takes j out of ``view.members`` at every node at once (it is no
+member, not a stale one: its value and liveness are forgotten), ``join(j)``
+puts it back in, stale until heard.  ``restart(i)`` also starts i's next
+life, which every PeerState reports as ``incarnation`` (the sim's gossip
+delivers nothing of an old life, so every node may know the current one).
 """
 from __future__ import annotations
 
@@ -34,7 +41,8 @@ NEVER = -1
 
 
 class ViewTable:
-    def __init__(self, node_ids: Sequence[str], interval_s: float, stale_ticks: int):
+    def __init__(self, node_ids: Sequence[str], interval_s: float, stale_ticks: int,
+                 members: np.ndarray | None = None):
         n = len(node_ids)
         self.node_ids = tuple(node_ids)
         self.index = {nid: i for i, nid in enumerate(self.node_ids)}
@@ -45,6 +53,9 @@ class ViewTable:
         self.last_seq = np.full((n, n), NEVER, dtype=np.int32)
         self.remote_sum = np.zeros(n)
         self.n_alive = np.zeros(n, dtype=np.int64)
+        self.member = np.ones(n, dtype=bool) if members is None else np.asarray(members, dtype=bool).copy()
+        self.life = np.ones(n, dtype=np.int64)
+        self._members = self._member_ids()
         self._expiry: dict[int, list[tuple[np.ndarray, np.ndarray, int]]] = defaultdict(list)
 
     def receive(self, batch: Updates, tick: int) -> None:
@@ -98,54 +109,75 @@ class ViewTable:
         self.remote_sum[i] = 0.0
         self.n_alive[i] = 0
         self.last_seq[:, i] = NEVER
+        self.life[i] += 1
+
+    def leave(self, j: int, tick: int) -> None:
+        """j left the members: every node forgets it at once."""
+        rows = np.arange(len(self.node_ids))
+        alive = self._alive(rows, np.full_like(rows, j), tick) & (rows != j)
+        self.remote_sum -= np.where(alive, self.values[:, j], 0.0)
+        self.n_alive -= alive
+        self.heard[:, j] = self.last_seq[:, j] = NEVER
+        self.values[:, j] = 0.0
+        self.member[j] = False
+        self._members = self._member_ids()
+
+    def join(self, j: int) -> None:
+        """j is a member (again): stale everywhere until heard."""
+        self.member[j] = True
+        self._members = self._member_ids()
+
+    def _member_ids(self) -> tuple[str, ...]:
+        return tuple(nid for nid, m in zip(self.node_ids, self.member) if m)
 
     def _alive(self, dst: np.ndarray, src: np.ndarray, tick: int) -> np.ndarray:
         heard = self.heard[dst, src]
         return (heard != NEVER) & (tick - heard < self.stale_ticks)
 
     def view(self, i: int, tick: int, neighbours: Sequence[int] | None = None) -> PeerView:
-        return PeerView(members=self.node_ids,
+        return PeerView(members=self._members,
                         peers=LazyPeers(self, i, tick, neighbours),
                         remote_sum=float(self.remote_sum[i]),
                         n_alive=int(self.n_alive[i]))
 
 
 class LazyPeers(Mapping[str, PeerState]):
-    """Node i's peers (or only its graph neighbours); a PeerState is built on access."""
+    """Node i's peers, a PeerState built on access.  Iteration covers the members it
+    gossips with (its graph neighbours, if any); any member can be looked up (GDRL's
+    heir watches its ring predecessors); a non-member has no entry."""
 
     def __init__(self, table: ViewTable, row: int, tick: int, neighbours: Sequence[int] | None):
         self._t, self._row, self._tick = table, row, tick
         self._cols = neighbours
-        self._allowed = None if neighbours is None else frozenset(neighbours)
 
     def _columns(self) -> Sequence[int]:
-        if self._cols is not None:
-            return self._cols
-        return [j for j in range(len(self._t.node_ids)) if j != self._row]
+        cols = range(len(self._t.node_ids)) if self._cols is None else self._cols
+        return [j for j in cols if j != self._row and self._t.member[j]]
+
+    def _col(self, node_id: str) -> int | None:
+        j = self._t.index.get(node_id)
+        return None if j is None or j == self._row or not self._t.member[j] else j
 
     def __getitem__(self, node_id: str) -> PeerState:
-        j = self._t.index.get(node_id)
-        if j is None or j == self._row or (self._allowed is not None and j not in self._allowed):
+        j = self._col(node_id)
+        if j is None:
             raise KeyError(node_id)
         t, row = self._t, self._row
         heard = int(t.heard[row, j])
         age = float("inf") if heard == NEVER else (self._tick - heard) * t.interval_s
         alive = heard != NEVER and self._tick - heard < t.stale_ticks
         # agent.membership: a stale peer's value is reported as 0
-        return PeerState(node_id, float(t.values[row, j]) if alive else 0.0, alive, age)
+        return PeerState(node_id, float(t.values[row, j]) if alive else 0.0, alive, age, int(t.life[j]))
 
     def get(self, node_id: str, default=None):
         # Mapping.get via a raised KeyError costs ~1 us; allocators probe every member.
-        j = self._t.index.get(node_id)
-        if j is None or j == self._row or (self._allowed is not None and j not in self._allowed):
-            return default
-        return self[node_id]
+        return default if self._col(node_id) is None else self[node_id]
 
     def __iter__(self) -> Iterator[str]:
         return (self._t.node_ids[j] for j in self._columns())
 
     def __len__(self) -> int:
-        return len(self._cols) if self._cols is not None else len(self._t.node_ids) - 1
+        return len(self._columns())
 
 
 def _newest_per_pair(batch: Updates, n: int):

@@ -27,6 +27,11 @@ amounts of volume are bytes, times are seconds (see agent/units.py).
 
 The agent (agent/daemon.py) and the simulator (sim/) both build allocators
 only through ``create``, so they always run the same code.
+
+Members change at run time (joins, leaves, restarts under an old id): an
+allocator derives every change from ``snap.view.members`` and
+``view.peers[...].incarnation`` against its own state; none needs a call of
+its own.  docs/allocators.md says what each one does.
 """
 from __future__ import annotations
 

@@ -32,6 +32,25 @@ diffuses between neighbours ([Behl12]).
   (:func:`accountable`).  Consumption a node granted but had not yet
   reported when it crashed is forgotten by the others (DQMP's limit too).
 
+Membership ([Behl12] §4.3 keeps it in a node registry; here the PeerView is
+that registry, followed every tick by transfer.follow_members):
+
+* The graph and the level tree are built over the current ``view.members``,
+  so every node that sees the same members uses the same graph.  Links opened
+  earlier stay open until their peer goes.
+* Join: a new member starts with no free quota (only the manager ever starts
+  with any) and its neighbours balance quota to it.  The manager is fixed
+  when a node starts: set ``manager`` in a cluster whose members change, or
+  a new member with a lower id would take itself for the manager.
+* Leave: a member gone from the members is settled at once from its link
+  counters, as a crash is after ``dead_after_s`` (Fig. 6).  A non-manager's
+  quota all came over links, so its neighbours' counters take back exactly
+  what it held.
+* Rejoin: a non-manager restarts empty (``load_state`` discards its old
+  ledger, whose quota its neighbours take back); its neighbours settle what
+  was open with its old life (a new incarnation) and open fresh links.  The
+  manager is restored with its links and is never settled.
+
 Mode PASS with the byte allowance, or BUCKET at ``rate_Bps`` as well when set.
 """
 from __future__ import annotations
@@ -46,8 +65,8 @@ from typing import Any, ClassVar, Mapping
 from drl.agent.model import Decision, Envelope, Mode, PeerView, Snapshot, Step
 from .common import check_range
 from .graph import Graph, bfs_levels
-from .transfer import (Ledger, has_failed, is_alive, ledger_from_dict, ledger_to_dict, link_info, receive, report,
-                       retransmit, send, settle_failed)
+from .transfer import (Ledger, follow_members, has_failed, is_alive, ledger_from_dict, ledger_to_dict, link_info,
+                       receive, report, retransmit, send, settle_failed)
 
 _REPORT_EVERY = 5   # rounds between repeats of an unchanged cumulative report (covers lost ones)
 
@@ -70,6 +89,7 @@ class DqmpState:
 class Dqmp:
     name: ClassVar[str] = "dqmp"
     needs_member_ids: ClassVar[bool] = True    # state depends on who the members are
+    genesis_shares: ClassVar[bool] = True      # the founders name the manager: one list for all
     quota_bytes: int = 10**12
     period_s: float = 30 * 86400.0
     manager: str = ""              # "": the lowest member id
@@ -100,12 +120,18 @@ class Dqmp:
     def initial_state(self, node_id: str, members: tuple[str, ...]) -> DqmpState:
         members = tuple(sorted(members))
         return DqmpState(node_id=node_id, manager=self.manager or members[0], members=members,
-                         neighbours=self._topology(len(members)).neighbours(node_id, members))
+                         neighbours=self._neighbours(node_id, members))
+
+    def _neighbours(self, node_id: str, members: tuple[str, ...]) -> tuple[str, ...]:
+        return self._topology(len(members)).neighbours(node_id, members)
 
     def step(self, state: DqmpState, snap: Snapshot) -> Step:
         is_manager = state.node_id == state.manager
         led = state.ledger or Ledger(holding=int(self.quota_bytes) if is_manager else 0)
-        st = dataclasses.replace(state, ledger=led, period_start=_first(state.period_start, snap.now))
+        st = _follow(self, dataclasses.replace(state, period_start=_first(state.period_start, snap.now)),
+                     snap.view)
+        led, _ = follow_members(led, snap.view, keep=(state.manager,))
+        st = dataclasses.replace(st, ledger=led)
         led, acks, consumed_in = receive(led, snap.inbox)
         led = settle_failed(led, snap.view, self.dead_after_s, keep=(state.manager,))
         st = dataclasses.replace(st, ledger=led, consumed=st.consumed + consumed_in)
@@ -127,7 +153,12 @@ class Dqmp:
         return to_dict(state)
 
     def load_state(self, data: Mapping[str, Any]) -> DqmpState:
-        return from_dict(data)
+        """The manager resumes from its snapshot; any other node restarts empty, as its
+        neighbours take back what it held when they see it restart or leave."""
+        state = from_dict(data)
+        if state.node_id == state.manager:
+            return state
+        return self.initial_state(state.node_id, state.members)
 
     def _grant(self, st: DqmpState, snap: Snapshot) -> DqmpState:
         """The local grant: top the allowance up from free quota, no message needed."""
@@ -188,6 +219,13 @@ class Dqmp:
                 "free_bytes": st.ledger.holding, "allowance_bytes": allowance, "consumed_unreported": st.consumed,
                 "granted_total": st.granted_total, "period_used_bytes": st.period_used,
                 "accountable_bytes": accountable(st), "neighbours": link_info(st.ledger, snap.view)}
+
+
+def _follow(alloc: Dqmp, st: DqmpState, view: PeerView) -> DqmpState:
+    """The graph over the current members (recomputed only when they change)."""
+    if view.members == st.members:
+        return st
+    return dataclasses.replace(st, members=view.members, neighbours=alloc._neighbours(st.node_id, view.members))
 
 
 def _tree(st: DqmpState, view: PeerView, alloc: Dqmp) -> tuple[int | None, str | None]:

@@ -25,7 +25,11 @@ Faults ([Ramsden] §3):
   is inherited while it may still hold its supply, so choose ``dead_after_s``
   above the longest partition you expect;
 * joining: ``join=True`` starts with zero supply and two random neighbours
-  (seeded by ``seed``), which learn of it from its first (empty) transfer.
+  (seeded by ``seed``), which learn of it from its first (empty) transfer;
+* leaving and rejoining under the old id: as in GDRL (gdrl.py, "Membership
+  follows the PeerView"): a leaver's best buddy inherits at once, a node
+  restarted from its saved state holds nothing until its best buddy returns
+  its share.
 """
 from __future__ import annotations
 

@@ -27,25 +27,56 @@ every indicator.  ``eta`` defaults to 1/(2d) (Theorem 1, the paper's choice
 eta = 1/4 on the ring); a larger eta raises :class:`EtaAboveBoundError` unless
 ``force_eta`` is set, in which case ``info["warning"]`` says so.
 
-Failures: a neighbour dead for ``dead_after_s`` has its link settled (its
-counter taken back) and the failed node's genesis share goes to its best
-friend, the next member in ring order ([Stanojevic09] §IV "Node Failures").  Shorter
-silences change nothing.  ``join=True`` starts a node that was not in the
-others' genesis member list with zero capacity and ``degree`` random
-neighbours ([Ramsden] §3.3).
+Membership follows the PeerView every tick (transfer.follow_members); what
+each change does, with ``sum C_i + in flight == C`` kept throughout:
+
+* Founders: the members a node is started with (``initial_state``) are the
+  *genesis*; each founder starts with its genesis share C/N.  Every founder
+  must be given the same list (``--peers``, or the registry's members when
+  the cluster is first started).
+* Join: ``join=True`` starts a node that is not in the genesis with zero
+  capacity and ``degree`` random neighbours among the members it sees
+  ([Ramsden] §3.3); its first (empty) transfer opens the links, and it gains
+  capacity by diffusion.  A new member never takes a share of its own.
+* Failure: a neighbour dead for ``dead_after_s`` has its link settled (its
+  counter taken back) and the failed node's genesis share goes to its best
+  friend, the next member in ring order ([Stanojevic09] §IV "Node Failures").
+  Shorter silences change nothing.
+* Leave: a member gone from ``view.members`` is a failure seen at once: its
+  links are settled and its best friend claims its genesis share now.  A
+  joiner has no share; its links return everything it was given.
+* Rejoin under the old id: the node restarts as a *rejoiner* holding 0 and
+  sends hellos to its graph neighbours.  Its neighbours see it back (in the
+  members again, or a new incarnation in ``PeerState.incarnation``), settle
+  what was still open with its old life and open fresh links; its best
+  friend claims its share if it had not yet (a restart faster than
+  ``dead_after_s``) and returns it as an acknowledged endowment return
+  (transfer.return_endowments), with the shares of the members down behind
+  it, whose best friend it is again; the rejoiner credits up to that amount.
+  Until the return is applied the sum is below C, never above.
+  docs/allocators.md lists the double faults that lose a share (below C).
+
+Restart or first start?  A node cannot tell from the network whether the
+cluster is starting (take the genesis share) or it is restarting (take
+nothing: its share is with its best friend).  The decision rests on the
+node's own saved state: the agent writes ``dump_state`` to its state
+directory every tick and, on start, gives a saved state to ``load_state``
+(agent/tenants.py StateFile); ``load_state`` returns a *rejoiner*.  No saved
+state and ``join=False``: a founder.  So a cluster started afresh must start
+with empty state directories, and a node added later is started with ``join``.
 """
 from __future__ import annotations
 
 import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
 from drl.agent.model import Decision, Envelope, Mode, Snapshot, Step
 from .common import ParameterError, check_range
 from .graph import Graph
-from .transfer import (Ledger, claim_endowments, is_alive, link_info, receive, retransmit, send,
-                       settle_failed, share)
+from .transfer import (Ledger, claim_endowments, follow_members, heir_watch, is_alive, link_info, owed_amount,
+                       receive, retransmit, return_endowments, send, settle_failed, share, start_elsewhere)
 
 
 class EtaAboveBoundError(ParameterError):
@@ -72,12 +103,15 @@ class DiffusionState:
     eta: float                      # the gain, checked against the graph's degree
     ledger: Ledger | None = None    # None until the first tick brings the global limit
     rounds: int = 0
+    rejoined: bool = False          # restarted from a saved state: its share comes back as a return
+    returned: int = 0               # of that share, what has come back so far
 
 
 @dataclass(frozen=True)
 class Gdrl:
     name: ClassVar[str] = "gdrl"
     needs_member_ids: ClassVar[bool] = True    # state depends on who the members are
+    genesis_shares: ClassVar[bool] = True      # founders take C/N: every node must start from one list
     eta: float | None = None            # None: 1/(2d), [Stanojevic09] eq. 15
     indicator: str = "spare"
     graph: str = "ring"
@@ -114,8 +148,10 @@ class Gdrl:
         return self.eta
 
     def initial_state(self, node_id: str, members: tuple[str, ...]) -> DiffusionState:
+        """``members``: the founders.  A node not among them joins (an agent with a registry
+        starts a class from the founders etcd keeps, agent/registry.py)."""
         members = tuple(sorted(members))
-        if self.join:
+        if self.join or node_id not in members:
             others = [m for m in members if m != node_id]
             picks = random.Random(f"{self.seed}:{node_id}").sample(others, min(self.degree, len(others)))
             return DiffusionState(node_id=node_id, genesis=(), neighbours=tuple(sorted(picks)),
@@ -127,51 +163,106 @@ class Gdrl:
     def step(self, state: DiffusionState, snap: Snapshot) -> Step:
         return diffusion_step(self, state, snap)
 
+    # The agent saves this every tick and hands it back on a restart (agent/tenants.py).
+    def dump_state(self, state: DiffusionState) -> dict[str, Any]:
+        return {"node_id": state.node_id, "genesis": list(state.genesis), "neighbours": list(state.neighbours),
+                "eta": state.eta}
+
+    def load_state(self, data: Mapping[str, Any]) -> DiffusionState:
+        """A restart: the same place in the graph, but a rejoiner holding nothing
+        (module docstring); a joiner stays a joiner.  Never a founder again, even if
+        it had not ticked yet: its best friend may have seen it missing and inherited
+        its share, and a rejoiner is only ever short of its share, never over."""
+        genesis = tuple(data["genesis"])
+        return DiffusionState(node_id=data["node_id"], genesis=genesis, neighbours=tuple(data["neighbours"]),
+                              eta=float(data["eta"]), rejoined=bool(genesis))
+
 
 def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
-    """One GDRL round: apply the inbox, handle failures, give to worse-off neighbours."""
+    """One GDRL round: follow the members, apply the inbox, handle failures and
+    returns, give to worse-off neighbours."""
     total = int(round(snap.global_Bps))
-    led = state.ledger or Ledger(holding=share(total, state.genesis, state.node_id))
-    led, acks, _ = receive(led, snap.inbox)
+    founder = not state.rejoined and state.node_id in state.genesis
+    led = state.ledger or _first_ledger(state, founder, total, snap, alloc.dead_after_s)
+    watch = heir_watch(state.genesis, state.node_id, snap.view, alloc.dead_after_s)
+    led, churn = follow_members(led, snap.view, watch)
+    led, acks, returned = receive(led, snap.inbox)
+    state, led = _credit_return(state, led, returned, total)
     led = settle_failed(led, snap.view, alloc.dead_after_s)
-    led = claim_endowments(led, state.node_id, state.genesis, total, snap.view, alloc.dead_after_s)
+    led = claim_endowments(led, state.node_id, state.genesis, total, snap.view, alloc.dead_after_s,
+                           restarted=churn.restarted)
+    led, returns = return_endowments(led, state.genesis, total, snap.view, churn.back, alloc.dead_after_s)
 
     ind = INDICATORS[alloc.indicator]
     demand = max(snap.local.demand_Bps, alloc.min_demand_Bps)
-    q_own = ind.value(demand, led.holding)
+    # A share we owe a member that came back is set aside: not enforced, not given away,
+    # and our indicator shows its absence, so the neighbours fill it up and we can pay.
+    reserved = owed_amount(led, state.genesis, total, snap.view, alloc.dead_after_s)
+    q_own = ind.value(demand, led.holding - reserved)
     neighbours = sorted((set(state.neighbours) | set(led.links)) - led.closed)
-    out: list[Envelope] = list(acks)
+    # joiners open links to us beyond the graph's degree: eta stays under 1/(2d) of the
+    # degree we have now (eq. 15), or a node many joined would give away more than it holds
+    eta = state.eta if alloc.force_eta else min(state.eta, _bound(len(neighbours)))
+    out: list[Envelope] = list(acks) + list(returns)
     sent_to = []
     for peer in neighbours:
-        amount = _pairwise_amount(led, snap, peer, q_own, state.eta * ind.slope(demand))
-        if amount > 0 or (state.rounds == 0 and not state.genesis):  # a joiner's hello opens the link
+        amount = _pairwise_amount(led.holding - reserved, snap, peer, q_own, eta * ind.slope(demand))
+        if amount > 0 or (state.rounds == 0 and not founder):  # a (re)joiner's hello opens the link
             led, env = send(led, peer, amount)
             out.append(env)
             sent_to.append(peer)
     out.extend(retransmit(led, sent_to, snap.view))
+    usable = max(0, led.holding - reserved)
 
-    info: dict[str, Any] = {"indicator": alloc.indicator, "q": q_own, "eta": state.eta, "capacity_Bps": led.holding,
+    info: dict[str, Any] = {"indicator": alloc.indicator, "q": q_own, "eta": eta, "capacity_Bps": usable,
                             "accountable_Bps": led.accountable, "claimed": sorted(led.claimed),
+                            "owed": sorted(led.owed), "rejoined": state.rejoined, "returned_Bps": state.returned,
                             "neighbours": link_info(led, snap.view, unit="_Bps")}
     if alloc.indicator == "fillratio":
         info["fill_ratio"] = -q_own
     if state.eta > _bound(len(state.neighbours)):
         info["warning"] = f"eta {state.eta:g} above the 1/(2d) bound (forced)"
-    decision = Decision(mode=Mode.BUCKET, limit_Bps=float(max(0, led.holding)), publish=q_own, info=info)
+    decision = Decision(mode=Mode.BUCKET, limit_Bps=float(usable), publish=q_own, info=info)
     return Step(state=dataclasses.replace(state, ledger=led, rounds=state.rounds + 1),
                 decision=decision, outbox=tuple(out))
+
+
+def _first_ledger(state: DiffusionState, founder: bool, total: int, snap: Snapshot, dead_after_s: float) -> Ledger:
+    """A founder starts with its genesis share, a (re)joiner with nothing."""
+    if founder:
+        return Ledger(holding=share(total, state.genesis, state.node_id), reports_in_net=False)
+    return start_elsewhere(Ledger(holding=0, reports_in_net=False), state.genesis, state.node_id, snap.view,
+                           dead_after_s)
+
+
+def _credit_return(state: DiffusionState, led: Ledger, returned: int,
+                   total: int) -> tuple[DiffusionState, Ledger]:
+    """A rejoiner credits what comes back up to its own share plus those it found down
+    behind it at start (``elsewhere``), which are its to hold once they are in; any
+    other node has nothing owed to it, so a return reaching it (a netsplit mistaken
+    for a restart) is dropped: capacity lost, never created."""
+    if not state.rejoined or returned <= 0:
+        return state, led
+    expected = sum(share(total, state.genesis, m) for m in {state.node_id} | led.elsewhere)
+    credit = min(returned, expected - state.returned)
+    if credit <= 0:
+        return state, led
+    led = dataclasses.replace(led, holding=led.holding + credit)
+    if state.returned + credit == expected:
+        led = dataclasses.replace(led, claimed=led.claimed | led.elsewhere, elsewhere=frozenset())
+    return dataclasses.replace(state, returned=state.returned + credit), led
 
 
 def _bound(degree: int) -> float:
     return 1.0 / (2 * max(1, degree))
 
 
-def _pairwise_amount(led: Ledger, snap: Snapshot, peer: str, q_own: float, gain_Bps: float) -> int:
+def _pairwise_amount(usable: int, snap: Snapshot, peer: str, q_own: float, gain_Bps: float) -> int:
     """The edge term eta * slope * (q_j - q_i), paid by this node when positive and
-    never more than it holds (so no limit goes negative)."""
+    never more than it may use (so no limit goes negative)."""
     if not is_alive(snap.view, peer):
         return 0
     diff = snap.view.peers[peer].value - q_own
     if diff <= 0:
         return 0
-    return max(0, min(led.holding, int(gain_Bps * diff)))
+    return max(0, min(usable, int(gain_Bps * diff)))

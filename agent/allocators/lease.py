@@ -20,6 +20,14 @@ the Doorman-style "capacity lease").
   server is unreachable) applies ``on_lease_loss`` ([RLDesign] "Optimistic,
   pessimistic and safe mode"): ``pessimistic`` 0, ``optimistic`` all it asked
   for, ``safe`` ``safe_Bps`` if set, else global/N.
+* Membership: servers and the client spread are taken from the *current*
+  ``view.members`` every tick, so a joiner asks a server from its first tick,
+  a leaver's grants simply expire, and global/N (``safe``) follows N.  The
+  default server is the lowest current member id; a configured server that
+  left the members serves no more, and the slices are re-cut over those
+  present.  Grants already out when the slices change still count until they
+  expire (at most ``ttl_s``), so during that time the sum of leases may
+  exceed the limit by what the old slices granted beyond the new ones.
 * Hard limit: a token bucket at the lease (Mode BUCKET drops above it), and
   ``info["warning"]`` says so while demand is above it.  Soft limit ([RLDesign] "Hard
   limit vs Soft limit"): a server whose clients ask for more than
@@ -73,16 +81,19 @@ class Lease:
         check_range("soft_fraction", self.soft_fraction, 0.0, 1.0, low_open=True)
 
     def _servers(self, members: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(self.servers) or members[:1]
+        """The configured servers that are members (the lowest member if none is)."""
+        present = tuple(s for s in self.servers if s in members)
+        return present or members[:1]
 
     def initial_state(self, node_id: str, members: tuple[str, ...]) -> LeaseState:
         members = tuple(sorted(members))
-        unknown = set(self._servers(members)) - set(members)
+        unknown = set(self.servers) - set(members)      # a typo, caught at start
         if unknown:
             raise ParameterError(f"lease servers {', '.join(sorted(unknown))} are not members")
         return LeaseState(node_id=node_id, members=members)
 
     def step(self, state: LeaseState, snap: Snapshot) -> Step:
+        state = dataclasses.replace(state, members=snap.view.members)
         servers = self._servers(state.members)
         if state.node_id in servers:
             st, out = self._serve(state, snap, len(servers))

@@ -30,22 +30,43 @@ Protocol (one direction of one link; the other direction is symmetric):
   a closed peer are answered with ``accepted=False`` so that peer settles its
   side too.
 
+Membership changes (:func:`follow_members`, every tick, from the PeerView
+alone): a peer that *leaves* (no longer in ``view.members``) is settled at
+once, a failure without the wait; one that comes back, or shows a new
+incarnation (it restarted: its old life's link state is gone), is settled if
+still open and then *reopened*: a fresh link, counters from zero, as for a
+joiner.  The transport must not hand a message addressed to (or sent by) an
+old life to the new one; the simulator and the tests drop them, the agent's
+gossip rejects an old sender incarnation.
+
+Endowment returns (GDRL, fill ratio): a member that comes back after its
+genesis share was claimed gets that share back from its claimer as a
+``Report`` (cumulative, resent until acked by ``TransferAck(xfer_id=0)``).
+Unlike a transfer a return is not a link debt: a ledger with
+``reports_in_net=False`` leaves reports out of its link counters, so the
+giver's H drops by the share when it sends and the receiver's H grows by it
+when it applies it.  While a return is in flight the sum over nodes of H is
+that share *below* the global amount, never above; it is exact again once
+the return is applied.
+
 Conservation.  Call ``H = holding + sum(net of open links)`` a node's
-*accountable* amount.  send, receive, report and settle leave H unchanged;
-only genesis and inheritance (:func:`claim_endowments`) change it.  Summed over
+*accountable* amount.  send, receive, report (as link debt) and settle leave
+H unchanged; only genesis, inheritance (:func:`claim_endowments`) and
+endowment returns (:func:`return_endowments`) change it.  Summed over
 nodes, ``sum(holding) + sum(net)`` is the holdings plus everything in flight
 (sent but not applied), so ``sum over nodes of H == global`` at every step,
 whatever is lost, duplicated or reordered.  A crashed node takes exactly its H
 with it, which equals its endowment (its genesis share plus what it inherited);
 :func:`claim_endowments` gives that to one designated heir, so the sum is whole
-again (``conserved_total`` computes it for tests and ``drlctl status``).
+again (tests/unit/netharness.py adds it up; ``drlctl status`` shows each
+node's ``accountable_Bps``).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 from drl.agent.model import Envelope, PeerView, Report, Transfer, TransferAck
 
@@ -61,6 +82,7 @@ class Link:
     applied_total: int = 0
     rep_sent: int = 0      # consumed quota reported to this peer (DQMP uplink)
     rep_seen: int = 0      # consumed quota this peer reported to us
+    rep_acked: int = 0     # our reports the peer has acknowledged (GDRL endowment returns)
 
     @property
     def net(self) -> int:
@@ -78,10 +100,19 @@ class Ledger:
     links: Mapping[str, Link] = field(default_factory=dict)
     closed: frozenset[str] = frozenset()    # settled peers; their messages are refused
     claimed: frozenset[str] = frozenset()   # failed members whose endowment we inherited
+    left: frozenset[str] = frozenset()      # closed because they left the members; reopened when back
+    lives: Mapping[str, int] = field(default_factory=dict)  # watched peers' incarnations (0: unknown)
+    owed: frozenset[str] = frozenset()      # claimed members that came back, waiting for their share
+    elsewhere: frozenset[str] = frozenset() # down before we (re)started: inherited by someone else
+    reports_in_net: bool = True             # DQMP: a report is link debt; GDRL: an endowment return
+
+    def net(self, link: Link) -> int:
+        """``link``'s counter as this ledger counts it (see ``reports_in_net``)."""
+        return link.net if self.reports_in_net else link.sent_total - link.applied_total
 
     @property
     def accountable(self) -> int:
-        return self.holding + sum(link.net for link in self.links.values())
+        return self.holding + sum(self.net(link) for link in self.links.values())
 
 
 def _with_link(led: Ledger, peer: str, link: Link, holding_delta: int = 0) -> Ledger:
@@ -107,14 +138,15 @@ def report(led: Ledger, dst: str, consumed: int, free: int) -> tuple[Ledger, Env
 
 
 def receive(led: Ledger, inbox: Iterable[Envelope]) -> tuple[Ledger, tuple[Envelope, ...], int]:
-    """Apply transfers, acks and reports; returns (ledger, acks to send, consumed reported to us)."""
-    acks: dict[str, Envelope] = {}
+    """Apply transfers, acks and reports; returns (ledger, acks to send, consumed reported to us).
+    A ledger that does not count reports as link debt acks them (``xfer_id=0``)."""
+    acks: dict[tuple[str, bool], Envelope] = {}
     consumed_in = 0
     for env in inbox:
         body, src = env.body, env.src
         if src in led.closed:
             if isinstance(body, Transfer):
-                acks[src] = Envelope(TransferAck(xfer_id=body.xfer_id, accepted=False), dst=src)
+                acks[src, True] = Envelope(TransferAck(xfer_id=body.xfer_id, accepted=False), dst=src)
             continue
         link = led.links.get(src, Link())
         if isinstance(body, Transfer):
@@ -122,26 +154,36 @@ def receive(led: Ledger, inbox: Iterable[Envelope]) -> tuple[Ledger, tuple[Envel
                 credit = int(body.link_total) - link.applied_total
                 link = dataclasses.replace(link, applied_seq=body.xfer_id, applied_total=int(body.link_total))
                 led = _with_link(led, src, link, credit)
-            acks[src] = Envelope(TransferAck(xfer_id=link.applied_seq, link_total=link.applied_total), dst=src)
+            acks[src, True] = Envelope(TransferAck(xfer_id=link.applied_seq, link_total=link.applied_total), dst=src)
         elif isinstance(body, TransferAck):
             if not body.accepted:
                 led = settle(led, src)
+            elif body.xfer_id == 0 and src in led.links and int(body.link_total) > link.rep_acked:
+                led = _with_link(led, src, dataclasses.replace(link, rep_acked=int(body.link_total)))
             elif src in led.links and body.xfer_id > link.acked_seq:
                 led = _with_link(led, src, dataclasses.replace(link, acked_seq=body.xfer_id))
         elif isinstance(body, Report) and int(body.consumed) > link.rep_seen:
             consumed_in += int(body.consumed) - link.rep_seen
             led = _with_link(led, src, dataclasses.replace(link, rep_seen=int(body.consumed)))
+        if isinstance(body, Report) and not led.reports_in_net:
+            seen = led.links[src].rep_seen if src in led.links else 0
+            acks[src, False] = Envelope(TransferAck(xfer_id=0, link_total=seen), dst=src)
     return led, tuple(acks.values()), consumed_in
 
 
 def retransmit(led: Ledger, sent_now: Iterable[str], view: PeerView) -> tuple[Envelope, ...]:
     """The newest transfer again on every unacked link to an alive peer not already
-    sent to this tick; being cumulative it also replaces any lost earlier one."""
+    sent to this tick; being cumulative it also replaces any lost earlier one.
+    Likewise an unacked endowment return (a ledger that acks its reports), every tick."""
     skip = set(sent_now)
     out = []
     for peer, link in sorted(led.links.items()):
-        if link.unacked and peer not in skip and is_alive(view, peer):
+        if not is_alive(view, peer):
+            continue
+        if link.unacked and peer not in skip:
             out.append(Envelope(Transfer(xfer_id=link.sent_seq, amount=0, link_total=link.sent_total), dst=peer))
+        if not led.reports_in_net and link.rep_acked < link.rep_sent:
+            out.append(Envelope(Report(consumed=link.rep_sent, free=0), dst=peer))
     return tuple(out)
 
 
@@ -151,7 +193,57 @@ def settle(led: Ledger, peer: str) -> Ledger:
         return led
     links = dict(led.links)
     link = links.pop(peer, Link())
-    return dataclasses.replace(led, holding=led.holding + link.net, links=links, closed=led.closed | {peer})
+    return dataclasses.replace(led, holding=led.holding + led.net(link), links=links, closed=led.closed | {peer})
+
+
+def reopen(led: Ledger, peer: str) -> Ledger:
+    """Accept ``peer`` again on a fresh link (its new life, or it is back in the members)."""
+    return dataclasses.replace(led, closed=led.closed - {peer}, left=led.left - {peer})
+
+
+class Churn(NamedTuple):
+    restarted: frozenset[str]   # open links whose peer showed a new life: settled this tick
+    back: frozenset[str]        # reopened this tick: a new life, or back in the members
+
+
+def follow_members(led: Ledger, view: PeerView, watch: Iterable[str] = (),
+                   keep: Iterable[str] = ()) -> tuple[Ledger, Churn]:
+    """Settle the links of peers that left or restarted, reopen those that came back.
+
+    Looks at every peer we have a link with, closed, or already watch, plus
+    ``watch`` (GDRL's heir duties); ``keep`` is never settled nor reopened (DQMP's
+    quota manager, restored from its snapshot with its links).  A peer with no entry
+    in ``view.peers`` is no member: a leave is a failure seen at once, so its link is
+    settled now.  A new incarnation settles the old life's link and opens a fresh one.
+    """
+    keep = set(keep)
+    lives = dict(led.lives)
+    restarted, back = set(), set()
+    for peer in sorted((set(led.links) | led.closed | set(lives) | set(watch)) - keep):
+        state = view.peers.get(peer)
+        if state is None:
+            if peer not in led.closed:
+                led = settle(led, peer)
+            led = dataclasses.replace(led, left=led.left | {peer})
+            lives.setdefault(peer, 0)
+            continue
+        known = lives.get(peer, 0)
+        new_life = bool(state.incarnation and known and state.incarnation != known)
+        if new_life and peer not in led.closed:
+            led = settle(led, peer)
+            restarted.add(peer)
+        if new_life or peer in led.left:
+            led = reopen(led, peer)
+            back.add(peer)
+        lives[peer] = state.incarnation or known
+    if lives != led.lives:
+        led = dataclasses.replace(led, lives=lives)
+    return led, Churn(frozenset(restarted), frozenset(back))
+
+
+def is_down(view: PeerView, peer: str, dead_after_s: float) -> bool:
+    """Left the members, or failed (:func:`has_failed`)."""
+    return view.peers.get(peer) is None or has_failed(view, peer, dead_after_s)
 
 
 def is_alive(view: PeerView, peer: str) -> bool:
@@ -187,21 +279,65 @@ def share(total: int, genesis: tuple[str, ...], node_id: str) -> int:
     return base + (1 if genesis.index(node_id) < extra else 0)
 
 
-def heir(dead: str, genesis: tuple[str, ...], failed: set[str]) -> str | None:
-    """The best friend holding ``dead``'s endowment: the first member after it in
-    genesis order that has not failed (its ring successor, a neighbour on the
-    ring; [Stanojevic09] §IV "Node Failures", [Ramsden] §3.2 "best buddy")."""
-    k = genesis.index(dead)
-    for step in range(1, len(genesis)):
-        candidate = genesis[(k + step) % len(genesis)]
-        if candidate not in failed:
-            return candidate
-    return None
+def predecessors(genesis: tuple[str, ...], node_id: str) -> Iterator[str]:
+    """The members before ``node_id`` in ring order, nearest first (lazily: the
+    callers stop at the first one up).  A member's best friend, which holds its
+    endowment when it is down, is the first member after it in genesis order that
+    is up: its ring successor ([Stanojevic09] §IV "Node Failures", [Ramsden] §3.2
+    "best buddy"); so we are the best friend of the down run of our predecessors."""
+    k, n = genesis.index(node_id), len(genesis)
+    return (genesis[(k - step) % n] for step in range(1, n))
+
+
+def down_run(genesis: tuple[str, ...], node_id: str, view: PeerView, dead_after_s: float,
+             restarted: Iterable[str] = ()) -> tuple[list[str], str | None]:
+    """Our predecessors that are down (or whose old life just ended), nearest first,
+    up to the first one up: ``(run, first up)``.  We are the heir of everyone in the run."""
+    restarted = set(restarted)
+    run: list[str] = []
+    if node_id not in genesis:
+        return run, None
+    for d in predecessors(genesis, node_id):
+        if d not in restarted and not is_down(view, d, dead_after_s):
+            return run, d
+        run.append(d)
+    return run, None
+
+
+def heir_watch(genesis: tuple[str, ...], node_id: str, view: PeerView, dead_after_s: float) -> list[str]:
+    """The predecessors whose lives we follow: the run of down ones and the next two up.
+    A restart of the first one up makes us its heir; following the second as well
+    lets us see its restart in the same tick as the first one leaves."""
+    watch: list[str] = []
+    ups = 0
+    for d in predecessors(genesis, node_id) if node_id in genesis else ():
+        watch.append(d)
+        ups += not is_down(view, d, dead_after_s)
+        if ups == 2:
+            break
+    return watch
+
+
+def start_elsewhere(led: Ledger, genesis: tuple[str, ...], node_id: str, view: PeerView,
+                    dead_after_s: float) -> Ledger:
+    """A restarted member's first tick: what is down behind us now was inherited while
+    we were away (by our old life, now by its heir), so it is not ours to claim; our
+    best friend returns those shares with ours (:func:`bundle`), and they are ours
+    once that return has come in."""
+    run, _ = down_run(genesis, node_id, view, dead_after_s)
+    return dataclasses.replace(led, elsewhere=frozenset(run))
 
 
 def claim_endowments(led: Ledger, node_id: str, genesis: tuple[str, ...], total: int,
-                     view: PeerView, dead_after_s: float) -> Ledger:
-    """Inherit the genesis share of every failed member whose heir we now are.
+                     view: PeerView, dead_after_s: float, restarted: Iterable[str] = ()) -> Ledger:
+    """Inherit the genesis share of every down member (failed, left, or whose old life
+    just ended: ``restarted``) whose heir we now are.
+
+    We are ``d``'s heir (best friend) when every member between ``d`` and us in
+    ring order is down too; walking our predecessors back to the first one up
+    finds exactly those, in O(run).
+    Members down since before we restarted (``elsewhere``) were inherited by
+    someone else; once seen up again they are ordinary members.
 
     What is inherited, exactly: a failed node's accountable amount H is its
     genesis share plus the shares it had inherited itself; its neighbours'
@@ -212,30 +348,71 @@ def claim_endowments(led: Ledger, node_id: str, genesis: tuple[str, ...], total:
     """
     if node_id not in genesis:
         return led
-    failed = {m for m in genesis if m != node_id and has_failed(view, m, dead_after_s)}
-    gained = {d for d in failed - led.claimed if heir(d, genesis, failed) == node_id}
+    run, _ = down_run(genesis, node_id, view, dead_after_s, restarted)
+    if led.elsewhere - set(run):
+        led = dataclasses.replace(led, elsewhere=led.elsewhere & set(run))
+    gained = set(run) - led.claimed - led.elsewhere
     if not gained:
         return led
     extra = sum(share(total, genesis, d) for d in gained)
     return dataclasses.replace(led, holding=led.holding + extra, claimed=led.claimed | gained)
 
 
+def bundle(led: Ledger, genesis: tuple[str, ...], peer: str, view: PeerView, dead_after_s: float) -> set[str]:
+    """What we give back to ``peer`` when it is back: its own share and those of the down
+    members behind it that we hold, whose best friend it is again."""
+    run, _ = down_run(genesis, peer, view, dead_after_s)
+    return {peer} | (led.claimed & set(run))
+
+
+def owed_amount(led: Ledger, genesis: tuple[str, ...], total: int, view: PeerView, dead_after_s: float) -> int:
+    """The returns we owe and have not paid yet (set aside from the holding)."""
+    return sum(share(total, genesis, m) for p in led.owed for m in bundle(led, genesis, p, view, dead_after_s))
+
+
+def return_endowments(led: Ledger, genesis: tuple[str, ...], total: int, view: PeerView, back: Iterable[str],
+                      dead_after_s: float) -> tuple[Ledger, tuple[Envelope, ...]]:
+    """Give a claimed member that came back (``back``) its :func:`bundle` as one return
+    (module docstring); the rejoiner expects the same bundle from its own view
+    (:func:`start_elsewhere`).  Paid once our holding covers it, so no limit goes
+    negative; a member that goes down again before that is no longer owed."""
+    owed = {p for p in led.owed | (led.claimed & set(back)) if p not in led.closed and view.peers.get(p) is not None}
+    out = []
+    for peer in sorted(owed):
+        given = bundle(led, genesis, peer, view, dead_after_s)
+        amount = sum(share(total, genesis, m) for m in given)
+        if led.holding < amount:
+            continue
+        led = dataclasses.replace(led, holding=led.holding - amount, claimed=led.claimed - given)
+        led, env = report(led, peer, amount, 0)
+        out.append(env)
+        owed.discard(peer)
+    return dataclasses.replace(led, owed=frozenset(owed)), tuple(out)
+
+
 def link_info(led: Ledger, view: PeerView, unit: str = "") -> dict[str, dict[str, Any]]:
     """Per-peer counters for ``drlctl status``; ``unit`` suffixes the amounts' keys
     (``"_Bps"`` for a rate, which the status shows in bits/s)."""
-    return {peer: {"alive": is_alive(view, peer), f"net{unit}": link.net, f"sent_total{unit}": link.sent_total,
+    return {peer: {"alive": is_alive(view, peer), f"net{unit}": led.net(link), f"sent_total{unit}": link.sent_total,
                    f"applied_total{unit}": link.applied_total, "unacked": link.unacked}
             for peer, link in sorted(led.links.items())}
 
 
 def ledger_to_dict(led: Ledger) -> dict[str, Any]:
     return {"holding": led.holding, "closed": sorted(led.closed), "claimed": sorted(led.claimed),
+            "left": sorted(led.left), "lives": dict(sorted(led.lives.items())), "owed": sorted(led.owed),
+            "elsewhere": sorted(led.elsewhere),
+            "reports_in_net": led.reports_in_net,
             "links": {p: dataclasses.asdict(link) for p, link in sorted(led.links.items())}}
 
 
 def ledger_from_dict(data: Mapping[str, Any]) -> Ledger:
+    # .get: snapshots written before membership changes were followed lack the newer keys
     return Ledger(holding=int(data["holding"]), closed=frozenset(data["closed"]),
-                  claimed=frozenset(data["claimed"]),
+                  claimed=frozenset(data["claimed"]), left=frozenset(data.get("left", ())),
+                  lives=dict(data.get("lives", {})), owed=frozenset(data.get("owed", ())),
+                  elsewhere=frozenset(data.get("elsewhere", ())),
+                  reports_in_net=bool(data.get("reports_in_net", True)),
                   links={p: Link(**fields) for p, fields in data["links"].items()})
 
 

@@ -6,6 +6,9 @@ frames, which are ~4.5 % bigger for full-size TCP segments.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from drl.agent.model import Mode
 from drl.agent.classes import parse_class, parse_classes
 from drl.lab.measure import tc_show
+from drl.lab.netns import poll
 from drl.lab.metrics import within
 from drl.lab.traffic import iperf3, iperf3_server, iperf3_start
 
@@ -142,12 +146,26 @@ def test_two_cpus_do_not_overshoot_the_bucket(net, server, datapath):
     assert 0.85 * 20 * MBIT < rate <= 1.05 * 20 * MBIT, rate / MBIT
 
 
+def beat(dp, stop: threading.Event) -> None:
+    """What the agent's tick does for a class whose config did not change: the heartbeat only."""
+    while not stop.wait(0.1):
+        dp.heartbeat()
+
+
 @pytest.mark.slow
 def test_stale_config_falls_back_to_the_safe_rate(net, server, datapath):
     dp = datapath()
     dp.set_class(0, Mode.BUCKET, rate_Bps=100 * MBIT, safe_rate_Bps=5 * MBIT, timeout_s=2.0)
-    fresh = iperf3(net.hosts[0], server, seconds=1, streams=2)
-    time.sleep(1.5)                          # now the agent has been silent > 2 s
+    stop = threading.Event()
+    beating = threading.Thread(target=beat, args=(dp, stop))
+    beating.start()
+    try:
+        time.sleep(2.5)                      # the config is older than its timeout, the heartbeat is not
+        fresh = iperf3(net.hosts[0], server, seconds=1, streams=2)
+    finally:
+        stop.set()
+        beating.join()
+    time.sleep(2.2)                          # now the agent has been silent > 2 s
     stale = iperf3(net.hosts[0], server, seconds=4, streams=4)
     assert fresh.received_bps > 50e6, fresh
     assert within(stale.received_bps, 5e6, 0.15), stale
@@ -184,6 +202,40 @@ def test_exempt_gossip_is_never_policed(net, datapath):
                      f"[s.sendto(bytes(1000), ('{net.hosts[1].addr4}', 7946)) for _ in range(100)]")
     assert dp.read_counters()[0].passed_packets == dp.read_counters()[0].dropped_packets == 0
     assert dp.read_bypass().passed_packets >= 100
+
+
+_DIAL = """
+import socket, sys
+from drl.agent.etcdgw import Gateway
+host, port, mark = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+try:
+    if mark:
+        Gateway((host, port), None, 1.0, mark=mark)._marked((host, port), 1.0).sendall(bytes(10_000))
+    else:
+        socket.create_connection((host, port), 1.0).sendall(bytes(10_000))
+except OSError:
+    sys.exit(1)
+"""
+
+
+def test_the_registry_connections_are_never_policed(net, datapath):
+    """The agent's etcd connections (agent/etcdgw.py: TCP to the registry's port with the
+    gossip mark) pass a class that drops every TCP packet; unmarked, or to another port, not."""
+    from drl.agent.abi import GOSSIP_MARK
+    h1, h2 = net.hosts
+    h2.popen(sys.executable, "-c", "import socket, time\n"
+             "servers = [socket.create_server(('0.0.0.0', port)) for port in (2379, 2380)]\ntime.sleep(60)")
+    poll(lambda: h2.listening(2379) and h2.listening(2380), 5.0)
+    dp = datapath(classes=[parse_class("proto=tcp")], gossip_port=7946, registry_port=2379)
+    dp.set_class(0, Mode.DROP, drop_probability=1.0)
+
+    def dial(port: int, mark: int) -> bool:
+        return subprocess.run(h1.argv(sys.executable, "-c", _DIAL, h2.addr4, str(port), str(mark))).returncode == 0
+
+    assert dial(2379, GOSSIP_MARK)
+    assert dp.read_counters()[0].passed_packets == dp.read_counters()[0].dropped_packets == 0
+    assert not dial(2379, 0) and not dial(2380, GOSSIP_MARK)        # a SYN that never gets through
+    assert dp.read_counters()[0].dropped_packets >= 2
 
 
 def test_a_limiter_h_in_the_working_directory_is_not_compiled(net, datapath, tmp_path, monkeypatch):

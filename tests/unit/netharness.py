@@ -9,6 +9,13 @@ and extra delay of up to ``max_delay`` ticks, which reorders them) and a peer vi
 built from what the others published one tick earlier, the way gossip would
 deliver it.  A crashed node stops and keeps its last state for the accounting;
 a partitioned pair loses all messages both ways and sees each other as dead.
+
+Membership changes as a registry makes them: ``leave`` stops a node and takes it
+out of every view at once, ``join`` adds a node (or brings a left one back),
+``restart`` starts a stopped or running node's next life from its saved state
+(``dump_state``/``load_state``, as the agent's state file) with a new
+incarnation in every view.  What is in flight to or from a node's old life is
+dropped, as gossip would.
 """
 from __future__ import annotations
 
@@ -25,6 +32,9 @@ class Net:
                  loss: float = 0.0, dup: float = 0.0, max_delay: int = 0, seed: int = 0) -> None:
         self.alloc = {m: alloc for m in members}
         self.members = tuple(sorted(members))
+        self.genesis = self.members
+        self.life = dict.fromkeys(members, 1)
+        self.gone: set[str] = set()                # left the members
         self.global_Bps = global_Bps
         self.interval_s = interval_s
         self.loss, self.dup, self.max_delay = loss, dup, max_delay
@@ -40,13 +50,39 @@ class Net:
 
     @property
     def live(self) -> list[str]:
-        return [m for m in self.state if m not in self.crashed]
+        return [m for m in self.state if m not in self.crashed and m not in self.gone]
 
-    def add(self, node: str, alloc: Any, members: tuple[str, ...]) -> None:
-        """A node that joins later with its own configuration (e.g. join=True)."""
+    def add(self, node: str, alloc: Any, members: tuple[str, ...] | None = None) -> None:
+        """A node that joins later with its own configuration (e.g. join=True): a member
+        for everyone from now on, started with ``members`` (default: the current ones)."""
+        self.members = tuple(sorted(set(self.members) | {node}))
         self.alloc[node] = alloc
-        self.state[node] = alloc.initial_state(node, members)
+        self.state[node] = alloc.initial_state(node, members or self.members)
         self.local[node] = Local(demand_Bps=0.0)
+        self.life.setdefault(node, 1)
+
+    def leave(self, node: str) -> None:
+        """``node`` leaves the registry: stopped, and no member for anyone any more."""
+        self.gone.add(node)
+        self.members = tuple(m for m in self.members if m != node)
+        self._purge(node)
+
+    def restart(self, node: str) -> None:
+        """``node``'s next life (back in the members if it had left), from its saved state."""
+        alloc, old = self.alloc[node], self.state[node]
+        self.state[node] = alloc.load_state(alloc.dump_state(old)) if hasattr(alloc, "load_state") \
+            else alloc.initial_state(node, self.members)
+        self.crashed.pop(node, None)
+        self.decision.pop(node, None)
+        if node in self.gone:
+            self.gone.discard(node)
+            self.members = tuple(sorted(set(self.members) | {node}))
+        self.life[node] += 1
+        self._purge(node)
+
+    def _purge(self, node: str) -> None:
+        for tick, envs in self.queue.items():
+            self.queue[tick] = [e for e in envs if node not in (e.src, e.dst)]
 
     def crash(self, node: str) -> None:
         self.crashed[node] = self.tick_no
@@ -88,7 +124,7 @@ class Net:
 
     def _view(self, node: str):
         peers = []
-        for other in self.state:
+        for other in self.members:
             if other == node:
                 continue
             dead_since = self.crashed.get(other)
@@ -97,7 +133,7 @@ class Net:
             alive = dead_since is None
             age = 0.0 if alive else (self.tick_no - dead_since) * self.interval_s
             value = self.decision[other].publish if other in self.decision else 0.0
-            peers.append(PeerState(other, value, alive=alive, age_s=age))
+            peers.append(PeerState(other, value, alive=alive, age_s=age, incarnation=self.life[other]))
         return peer_view(self.members, peers)
 
     def partition(self, side: set[str]) -> None:
@@ -116,6 +152,6 @@ def diffusion_accounted(net: Net, total: int) -> int:
     from drl.agent.allocators.transfer import share
     live = [net.state[m] for m in net.live if net.state[m].ledger is not None]
     claimed = set().union(*(s.ledger.claimed for s in live))
-    genesis = net.members
+    genesis = net.genesis
     waiting = sum(share(total, genesis, d) for d in net.crashed if d in genesis and d not in claimed)
     return sum(s.ledger.accountable for s in live) + waiting

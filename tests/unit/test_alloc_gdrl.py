@@ -40,6 +40,15 @@ def test_paper_ring_reaches_jain_099(net_kw):
     assert diffusion_accounted(net, int(round(CAPACITY))) == int(round(CAPACITY))
 
 
+def test_a_node_outside_the_founders_starts_as_a_joiner():
+    """A registry's agents start a class from the founders etcd keeps: the others join."""
+    alloc = create("gdrl")
+    founder, joiner = alloc.initial_state("a", ("a", "b")), alloc.initial_state("c", ("a", "b"))
+    assert founder.genesis == ("a", "b") and founder.neighbours == ("b",)
+    assert joiner.genesis == () and set(joiner.neighbours) <= {"a", "b"} and joiner.neighbours
+    assert type(alloc).genesis_shares and create("dqmp").genesis_shares and not hasattr(create("fps"), "genesis_shares")
+
+
 def test_eta_above_the_bound_is_refused_unless_forced():
     with pytest.raises(EtaAboveBoundError, match=r"above 1/\(2d\) = 0.25"):
         create("gdrl", eta=0.3)

@@ -59,6 +59,21 @@ def test_flags_override_the_file_and_global_adds_the_class_default(tmp_path):
     assert cfg.classes[0].global_Bps == parse_rate("10mbit") and cfg.classes[0].allocator.name == "static"
 
 
+def test_etcd_classes_go_on_top_of_the_file_and_the_flags(tmp_path):
+    cfg = load(tmp_path, GOOD, "--global", "10mbit", "--registry", "etcd://10.0.0.9:2379", "--cluster", "t")
+    live = {"default": {"name": "default", "global": "4mbit"},                     # replaces --global
+            "gold": {"name": "gold", "global": "70mbit"},                          # one key of a file class
+            "new": {"name": "new", "global": "1mbit", "match": ["mark=0x2"]}}      # a class only etcd has
+    confs = {c.name: c for c in cfg.live_classes(live)}
+    assert list(confs) == ["default", "gold", "silver", "new"]
+    assert confs["default"].global_Bps == parse_rate("4mbit") and confs["gold"].global_Bps == parse_rate("70mbit")
+    assert [str(r) for r in confs["gold"].rules] == ["dst=198.51.100.0/24", "proto=6,dport=443"]   # kept
+    assert confs["new"].allocator.name == "static" and confs["new"].ewma == 0.3    # [agent]'s defaults
+    with pytest.raises(ConfigError, match="etcd class 'new'.*unknown key 'colour'"):
+        cfg.live_classes({"new": {"name": "new", "global": "1mbit", "colour": "red"}})
+    assert load(tmp_path, GOOD).live_classes is None                               # no registry
+
+
 def test_reload_reads_the_file_again_with_the_flags_on_top(tmp_path):
     cfg = load(tmp_path, GOOD, "--ewma", "0.5")
     (tmp_path / "drl.toml").write_text(GOOD.replace('global = "20mbit"', 'global = "30mbit"'))

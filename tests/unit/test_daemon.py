@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import time
 
 import pytest
@@ -13,8 +14,10 @@ from drl.agent.daemon import CLUSTER, Agent
 from drl.agent.datapath import Counters, FlowKey, FlowSample, now_ns
 from drl.agent.gossip import GossipCore, Outgoing, PeerList
 from drl.agent.model import Mode
+from drl.agent.registry import Registry, RegistryConfig, import_classes
 from drl.agent.wire import decode
 from drl.cli.agent import up
+from drl.lab.etcd import Etcd
 
 CLASS_ID = 0                      # the datapath slot of the first class
 DEFAULT = class_key("default")    # its key on the wire
@@ -37,6 +40,8 @@ STATUS_KEYS = {
     "tick", "dropped_bytes_by_reason", "dropped_packets_by_reason",
     # issue 16 item 7: shadow mode (what the class's dropped_* count would have been dropped)
     "shadow",
+    # issue 17: etcd's state (null without --registry)
+    "registry",
     # issue 20 item 2: police or shape
     "enforce"}
 # The issue's contract for each entry of "classes".
@@ -55,6 +60,7 @@ class FakeDatapath:
         self.resets: list[int] = []
         self.attached = self.closed = False
         self.sample_probability = None
+        self.writes = self.heartbeats = 0
 
     def attach(self):
         self.attached = True
@@ -74,6 +80,10 @@ class FakeDatapath:
 
     def set_class(self, class_id, mode, **settings):
         self.classes[class_id] = (mode, settings)
+        self.writes += 1
+
+    def heartbeat(self):
+        self.heartbeats += 1
 
     def set_rules(self, rules):
         self.rules = list(rules)
@@ -114,6 +124,7 @@ class MemoryTransport:
         self.stats = self.core.stats
         self.queue: list[tuple[bytes, tuple]] = []
         self.sent: list[tuple[tuple, bytes]] = []
+        self.unresolved: dict = {}
 
     def arrive(self, datagrams, src):
         self.queue += [(data, src) for _, data in datagrams]
@@ -134,6 +145,11 @@ class MemoryTransport:
         if routed is not None:
             self.sent.append(routed)
         return routed is not None
+
+    def set_peers(self, peers, timeout_s=None):
+        self.core.set_peers(list(peers), {a: n for a, n in peers.items() if n}, timeout_s)
+        self.peer_addrs = self.core.peers
+        return dict(peers)
 
     def close(self):
         pass
@@ -179,6 +195,22 @@ def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
         assert 0 < status["demand_bps"] <= 2e6 and status["passed_bytes"] == 1_000_000
         assert published(a.transport)[-2:] == [status["demand_bps"] / 8] * 2    # a full mesh: b and c
     assert dp.closed
+
+
+def test_a_config_is_written_when_it_changes_and_the_heartbeat_every_tick(tmp_path):
+    # bpf/limiter.c stale: the heartbeat keeps an unchanged config fresh, so it is not written again
+    cfg = config(tmp_path, "--global", "12mbit", "--allocator", "static", "--peers", "b@10.0.0.2:7470")
+    dp = FakeDatapath()
+    with agent(cfg, dp) as a:
+        started = dp.writes                       # ClassTable's 1/N share, before any tick
+        t0 = time.monotonic()
+        for k in range(3):
+            a.tick(t0 + k)
+        assert (dp.writes - started, dp.heartbeats) == (1, 3)
+        a.set_limit({"class": "default", "global": "6mbit"})
+        a.tick(t0 + 3)
+        assert (dp.writes - started, dp.heartbeats) == (2, 4)
+        assert dp.classes[CLASS_ID][1]["rate_Bps"] == 375_000.0
 
 
 def test_fps_agent_divides_the_limit_by_the_weights_it_hears(tmp_path):
@@ -415,3 +447,39 @@ def test_agents_whose_files_disagree_at_one_version_converge_on_the_higher_rate(
         a.receive()
         assert a.book.get("A") == Limit(0, 1e6)
         assert notes(5) == [LimitNote(class_key("A"), 0, 1e6)]         # ... and b is told the higher one
+
+
+def follow(a, until, timeout_s: float = 5.0) -> None:
+    """Run the agent's registry step until ``until()`` holds (the watch is a thread)."""
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, a.status()["registry"]
+        a._follow_registry()
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd (Debian etcd-server)")
+def test_members_classes_and_limits_follow_a_real_etcd(tmp_path):
+    with Etcd() as etcd:
+        args = ["--iface", "lo", "--node-id", "a", "--listen", "127.0.0.1:7470", "--insecure", "--interval", "1s",
+                "--socket", str(tmp_path / "ctl.sock"), "--state-dir", str(tmp_path / "state"),
+                "--global", "10mbit", "--registry", etcd.url, "--cluster", "t"]
+        opts = up.make_context("up", args).params
+        cfg = load_config(None, opts, {"global_Bps", "registry", "cluster"}, check_host=False)
+        b = Registry(RegistryConfig(etcd.endpoints, "t"), "b", ("127.0.0.2", 7470), 1)
+        b.start()
+        dp = FakeDatapath()
+        with agent(cfg, dp) as a:
+            follow(a, lambda: a.members.n_nodes == 2)                   # b registered: N = 2
+            assert a._safe_rate(a.table.get("default"), a.book.get("default")) == 10e6 / 8 / 2
+            import_classes(cfg.registry, [{"name": "gold", "global": "20mbit", "match": ["dst=10.9.0.0/16"]}])
+            follow(a, lambda: a.table.get("gold") is not None)          # a class that only etcd has
+            assert a.book.get("gold").global_Bps == 20e6 / 8
+            reply = a.set_limit({"class": "default", "global": "5mbit"})
+            assert reply["ok"] and reply["registry"] == "written", reply
+            follow(a, lambda: a.book.get("default").global_Bps == 5e6 / 8)   # from etcd, like every agent
+            assert b.view().classes["default"] == {"name": "default", "global": "5mbit"}
+            b.close()                                                   # revoked: gone at once
+            follow(a, lambda: a.members.n_nodes == 1, timeout_s=3.0)
+            st = a.status()["registry"]
+            assert st["state"] == "reachable" and st["members"] == ["a"] and st["classes"] == ["default", "gold"]

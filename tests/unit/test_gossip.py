@@ -14,8 +14,9 @@ from drl.agent.gossip import GossipCore, Outgoing, Stats
 from drl.agent.membership import Membership
 from drl.agent.model import Envelope, Transfer
 from drl.agent.peers import AddressError, Peer, format_addr, parse_hostport, parse_peers
-from drl.agent.transport import TransportError, UdpTransport
-from drl.agent.wire import MAX_DATAGRAM, Batch
+from drl.agent import transport
+from drl.agent.transport import Standalone, TransportError, UdpTransport
+from drl.agent.wire import MAX_DATAGRAM, Batch, LimitNote
 
 KEY = b"k" * 32
 
@@ -169,6 +170,22 @@ def test_point_to_point_routing():
     assert rx.envelope == Envelope(Transfer(3, 2.5, 7.5), src="A")
 
 
+def test_a_transfer_meant_for_a_previous_life_is_dropped():
+    """Routed to the life we last heard; a restarted receiver must not credit it (its
+    capacity came back another way: docs/allocators.md "Rejoin")."""
+    net = Net(3)
+    a = net.cores["a"]
+    net.deliver("c", [s for s in net.cores["c"].publish({}, 0) if s[0] == "a"])   # a hears C's life 1
+    env = Envelope(Transfer(xfer_id=3, amount=2.5, link_total=7.5), dst="C")
+    _, data = a.route(env, 4, 1)
+    assert net.cores["c"].receive(data, "a", 1) is not None          # the life it was meant for
+    _, data = a.route(env, 4, 2)
+    reborn = net.cores["c"] = net.core("c", incarnation=2)
+    assert reborn.receive(data, "a", 2) is None and reborn.stats.rejected == {"other_life": 1}
+    net.deliver("c", [s for s in reborn.publish({}, 3) if s[0] == "a"])                # a hears life 2
+    assert reborn.receive(a.route(env, 4, 4)[1], "a", 4) is not None
+
+
 @pytest.mark.parametrize("n_peers,branching", [(1, 1), (7, 1), (10, 3), (12, 4), (9, 8), (490, 3)])
 def test_branching_picks_distinct_targets_and_serves_everyone_each_cycle(n_peers, branching):
     core = GossipCore("X", "c", None, list(range(n_peers)), branching, 1, random.Random(1))
@@ -312,3 +329,123 @@ def test_udp_ipv6_loopback():
         [rx] = poll_until(b, 0.0, 1)
         assert rx.addr == ("::1", pa) and rx.payload == Batch()
         assert b.stats.overhead_bytes == 48
+
+
+# -- the peer set changes at runtime (a registry's watch) -------------------------------------
+
+def quiet(values: dict) -> dict:
+    """{class key: value} with no demand: sent REPEATS times after a change, then resting."""
+    return {key: Outgoing(value, active=False) for key, value in values.items()}
+
+
+def test_targets_cover_joining_peers_within_one_cycle_and_never_a_removed_one():
+    core = GossipCore("X", "c", None, list(range(9)), 3, 1, random.Random(1))
+    for _ in range(4):
+        core.targets()
+    core.set_peers([p for p in range(12) if p != 4])
+    served = [t for _ in range(4) for t in core.targets()]           # ceil(11 / 3) rounds
+    assert set(served) == {p for p in range(12) if p != 4}
+    assert all(4 not in core.targets() for _ in range(40))
+
+
+def test_an_unchanged_peer_list_keeps_its_cycle():
+    core, same = (GossipCore("X", "c", None, list(range(9)), 2, 1, random.Random(7)) for _ in range(2))
+    picks = []
+    for _ in range(10):
+        core.set_peers(list(range(9)), timeout_s=5.0)         # the registry said the same again
+        picks.append(core.targets())
+    assert picks == [same.targets() for _ in range(10)] and core.timeout_s == 5.0
+
+
+def test_a_joining_peer_gets_every_class_in_its_first_datagram():
+    net = Net(3)
+    a = net.cores["a"]
+    classes = quiet({1: 1.0}) | vals({2: 2.0})
+
+    def heard(t):
+        return [values_of(rx) for rx in net.deliver("a", a.publish(classes, t))]
+
+    a.set_peers(["b"])
+    for t in range(12):
+        heard(t)
+    assert heard(12) == [[(2, 2.0)]]                           # class 1 has rested since
+    a.set_peers(["b", "c"])
+    assert heard(13) == [[(2, 2.0)], [(1, 1.0), (2, 2.0)]]     # to b, to c (new)
+    assert heard(14) == [[(2, 2.0)]] * 2
+
+
+def test_a_removed_peer_is_ignored_and_forgotten():
+    net = Net(3)
+    a, c = net.cores["a"], net.cores["c"]
+    net.deliver("c", [s for s in c.publish({}, 0) if s[0] == "a"])        # a learns C
+    a.announce(LimitNote(7, 2, 1.0), "c")
+    a.set_peers(["b"])
+    assert [addr for addr, _ in a.publish(vals({1: 1.0}), 1)] == ["b"]   # its pending note is gone too
+    assert net.deliver("c", [s for s in c.publish({}, 1) if s[0] == "a"]) == []
+    assert a.stats.rejected == {"unknown_peer": 1}
+    assert a.route(Envelope(Transfer(1, 1.0), dst="C"), 1, 1) is None and "C" not in a._lives
+
+
+def test_a_node_id_rejoining_at_a_new_address_speaks_only_from_there():
+    net = Net(4)
+    a, c = net.cores["a"], net.cores["c"]
+    a.set_peers(["b", "c"], names={"b": "B", "c": "C"})
+    assert net.deliver("c", [s for s in c.publish({}, 0) if s[0] == "a"])
+    a.set_peers(["b", "d"], names={"b": "B", "d": "C"})                   # C came back on host d
+    moved = GossipCore("C", "c", KEY, ["a"], 10, 2)                       # restarted there
+    assert net.deliver("d", [s for s in moved.publish({}, 1) if s[0] == "a"])
+    assert a.route(Envelope(Transfer(1, 1.0), dst="C"), 1, 1)[0] == "d"
+    a.set_peers(["b", "c", "d"], names={"b": "B", "d": "C"})              # c is back, unnamed
+    assert net.deliver("c", [s for s in c.publish({}, 2) if s[0] == "a"]) == []
+    assert a.stats.rejected == {"wrong_sender": 1}                        # C is named at d
+
+
+def test_a_peer_whose_lease_lapsed_keeps_hearing_us_when_it_comes_back():
+    """b never dropped a: had a started its counters to b over, b would refuse them as replays
+    (and its values as older ones) until they caught up."""
+    net = Net(3)
+    a, b = net.cores["a"], net.cores["b"]
+    for t in range(5):
+        assert net.deliver("a", [s for s in a.publish(vals({1: float(t)}), t) if s[0] == "b"])
+    a.set_peers(["c"])
+    a.set_peers(["b", "c"])
+    [rx] = net.deliver("a", [s for s in a.publish(vals({1: 9.0}), 6) if s[0] == "b"])
+    assert values_of(rx) == [(1, 9.0)] and rx.gap == 0 and rx.payload.values[0].seq == 6
+    assert b.stats.rejected == {}
+
+
+def test_the_link_counters_of_removed_peers_are_kept_for_a_bounded_few():
+    core = GossipCore("X", "c", None, ["p"], 10, 1)
+    core.publish(vals({1: 1.0}), 0)
+    gone = [f"g{i}" for i in range(GossipCore.KEEP_GONE + 5)]
+    for g in gone:                                      # each joins, hears us, and leaves
+        core.set_peers(["p", g])
+        core.publish(vals({1: 1.0}), 0)
+    core.set_peers(["p"])
+    assert set(core._seq) == {"p", *gone[-GossipCore.KEEP_GONE:]} == set(core._seqs)
+
+
+def test_udp_set_peers_resolves_new_peers_only_and_keeps_the_unresolvable_as_members(monkeypatch):
+    (sa, sb), (pa, pb) = bound(2)
+    with udp("A", sa, []) as a, udp("B", sb, [pa]) as b:           # A started with a registry and no peers
+        me, them, bad = ("127.0.0.1", pa), ("localhost", pb), ("no-such-host.invalid", 7000)
+        members = a.set_peers({me: "A", them: "B", bad: "Z"})
+        assert members == {("127.0.0.1", pb): "B", bad: "Z"}      # Z: never heard, so stale, counted in N
+        assert list(a.peer_addrs) == [("127.0.0.1", pb)] and a.resolved == {me: me, them: ("127.0.0.1", pb)}
+        assert list(a.unresolved) == [bad] and "cannot resolve" in a.unresolved[bad]
+        a.publish(vals({1: 5.0}), 0.0)
+        [rx] = poll_until(b, 0.0, 1)
+        assert values_of(rx) == [(1, 5.0)]
+        b.publish({}, 0.1)
+        [rx] = poll_until(a, 0.1, 1)
+        assert rx.header.node == "B"
+        monkeypatch.setattr(transport, "_resolve", None)          # known peers: no DNS on the tick
+        assert a.set_peers({them: "B"}) == {("127.0.0.1", pb): "B"} and a.unresolved == {}
+        assert a.set_peers({}) == {} and len(a.peer_addrs) == 0
+
+
+def test_a_standalone_agent_cannot_gain_peers():
+    lone = Standalone()
+    assert lone.set_peers({}) == {}
+    with pytest.raises(TransportError, match="no gossip socket"):
+        lone.set_peers({("10.0.0.2", 7000): "b"})

@@ -2,9 +2,11 @@
 restarts, newest-wins updates, and the drlctl status rows."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from drl.agent.gossip import Received
 from drl.agent.membership import Membership, liveness_timeout
@@ -61,7 +63,7 @@ def test_timeout_zeroes_stale_values_shrinks_the_limit_and_recovers(m):
     m.observe(n2.rx(Batch()), 0.2)  # heartbeats keep a peer alive
     m.observe(n3.rx(250.0), 0.25)
     view = m.view(1, 0.4)                           # n4 silent for 0.4 s > 0.3 s
-    assert view.peers["n4"] == type(view.peers["n4"])("n4", 0.0, False, 0.4)
+    assert view.peers["n4"] == type(view.peers["n4"])("n4", 0.0, False, 0.4, incarnation=1)   # its life goes on
     assert view.remote_sum == 350.0 and view.n_alive == 2 and view.n_stale == 1
     assert limit(view) == pytest.approx(GLOBAL_BPS * 3 / 4)   # one 1/N share gone (§5.6)
     view = m.view(1, 10.0)                          # everyone gone: the 1/N limiter
@@ -174,3 +176,129 @@ def test_a_peer_never_heard_or_silent_about_a_class_counts_the_safe_rate():
     m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
     m.observe(Peer(PEERS[0], "n2").rx(Batch((ClassValue(7, 1, 5.0, local_Bps=900_000.0),))), 0.0)
     assert m.view(1, 1.0, safe_Bps=400_000.0).reserved_Bps == 2 * 400_000.0
+
+
+# -- the peer set changes at runtime (a registry's watch) -------------------------------------
+
+A, B, C, D = PEERS + [("10.0.0.5", 7000)]
+
+
+def test_a_joining_peer_is_a_fresh_stale_slot_and_the_others_keep_theirs():
+    m = Membership("n1", [A, B], 0.3, names={A: "n2", B: "n3"})
+    m.observe(Peer(A, "n2", incarnation=5).rx(100.0, gap=2), 0.0)
+    assert m.view(1, 0.1).n_nodes == 3
+    m.set_peers({A: "n2", B: "n3", C: "n4"})
+    view = m.view(1, 0.1)                            # same instant: the cached rows are not reused
+    assert view.n_nodes == 4 == m.n_nodes and view.members == ("n1", "n2", "n3", "n4")
+    assert view.remote_sum == 100.0 and view.n_alive == 1 and not view.peers["n4"].alive
+    assert m.status(0.1)[0] == {"node_id": "n2", "address": "10.0.0.2:7000", "state": "alive",
+                                "last_seen_s": 0.1, "incarnation": 5, "lost": 2}
+    m.observe(Peer(C, "n4").rx(50.0), 0.2)
+    assert m.view(1, 0.2).remote_sum == 150.0 and m.view(1, 0.2).n_alive == 2
+
+
+def test_a_leaving_peer_is_gone_at_once_not_stale():
+    m = Membership("n1", [A, B, C], 0.3, names={A: "n2", B: "n3", C: "n4"})
+    for addr, node in ((A, "n2"), (B, "n3")):
+        m.observe(Peer(addr, node).rx(100.0), 0.0)
+    assert limit(m.view(1, 0.1)) == pytest.approx(GLOBAL_BPS * 3 / 4)     # n4 unheard: stale, its 1/N held back
+    m.set_peers({A: "n2", C: "n4"})
+    view = m.view(1, 0.1)
+    assert view.members == ("n1", "n2", "n4") and view.n_nodes == 3 and view.remote_sum == 100.0
+    m.set_peers({A: "n2"})
+    assert limit(m.view(1, 0.1)) == GLOBAL_BPS                            # N = 2, both alive
+    m.observe(Peer(B, "n3").rx(1e9), 0.2)                                  # gossip drops these; so do we
+    assert m.view(1, 0.2).remote_sum == 100.0 and [r["node_id"] for r in m.status(0.2)] == ["n2"]
+
+
+def test_a_node_id_rejoining_at_a_new_address_is_a_fresh_slot_there():
+    m = Membership("n1", [A, B], 0.3, names={A: "n2", B: "n3"})
+    m.observe(Peer(A, "n2").rx(100.0), 0.0)
+    m.set_peers({D: "n2", B: "n3"})
+    view = m.view(1, 0.1)
+    assert view.members == ("n1", "n2", "n3") and view.remote_sum == 0.0 and not view.peers["n2"].alive
+    m.observe(Peer(A, "n2").rx(1e9), 0.1)                                  # the old address: not a peer
+    m.observe(Peer(D, "n2", incarnation=2).rx(7.0), 0.1)
+    assert m.view(1, 0.1).remote_sum == 7.0 and m.status(0.1)[0]["address"] == "10.0.0.5:7000"
+
+
+def test_an_address_named_anew_starts_over_and_a_learned_id_named_elsewhere_reverts():
+    m = Membership("n1", [A, B], 0.3)
+    m.observe(Peer(A, "n2").rx(100.0), 0.0)
+    m.observe(Peer(B, "n3").rx(200.0), 0.0)
+    m.set_peers({A: "n2", B: None})                  # a learned id named as learned: the same peer
+    assert m.view(1, 0.0).remote_sum == 300.0
+    m.set_peers({A: "n9", B: None, C: "n3"})         # another host at A; n3 now lives at C
+    view = m.view(1, 0.0)
+    assert view.members == ("?10.0.0.3:7000", "n1", "n3", "n9") and view.remote_sum == 0.0
+    m.set_peers({A: None, B: None, C: "n3"})         # a name dropped: the id stays, as learned
+    assert m.view(1, 0.0).members == ("?10.0.0.3:7000", "n1", "n3", "n9")
+
+
+def test_the_liveness_timeout_follows_n_when_the_caller_says_so():
+    m = Membership("n1", [A], liveness_timeout(0.1, n_peers=1, branching=1), names={A: "n2"})
+    m.observe(Peer(A, "n2").rx(1.0), 0.0)
+    assert not m.view(1, 0.5).peers["n2"].alive                      # 3 intervals
+    grown = {A: "n2", B: "n3", C: "n4"}
+    m.set_peers(grown, timeout_s=liveness_timeout(0.1, n_peers=3, branching=1), slack_s=0.7)
+    assert m.view(1, 0.5).peers["n2"].alive and m.timeout_s == pytest.approx(0.9) and m.slack_s == 0.7
+    m.set_peers({A: "n2"})                                           # an explicit --peer-timeout: None keeps it
+    assert m.timeout_s == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        m.set_peers(grown, timeout_s=0.0)
+
+
+# Random joins, leaves, moves and datagrams against a brute-force recomputation: a slot's
+# history starts when its (address, id) pair last appeared, and only its own id's datagrams count.
+
+IDS = ["n2", "n3", "n4", "n5", "n6"]
+ADDRS = [("10.0.1.%d" % i, 7000) for i in range(6)]
+
+peer_sets = st.dictionaries(st.sampled_from(IDS), st.sampled_from(ADDRS), max_size=5).map(
+    lambda d: {addr: node for node, addr in d.items()})          # one id per address, as the registry has
+events = st.lists(st.one_of(
+    st.tuples(st.just("set"), peer_sets, st.sampled_from([None, 0.3, 0.6, 1.2])),
+    st.tuples(st.just("rx"), st.sampled_from(ADDRS), st.sampled_from(IDS), st.integers(1, 3),
+              st.sampled_from([1, 2]), st.floats(0.0, 100.0)),
+    st.tuples(st.just("tick"), st.floats(0.0, 0.5))), max_size=40)
+
+
+def brute_force(log, now, class_id):
+    """(members, n_nodes, n_alive, remote_sum) recomputed from the whole log."""
+    sets = [(i, peers, timeout) for i, (kind, peers, timeout, *_) in enumerate(log) if kind == "set"]
+    peers, timeout = sets[-1][1], [t for _, _, t in sets if t][-1]
+    n_alive, total = 0, 0.0
+    for addr, node in peers.items():
+        start = max(j for (_, before, _), (j, after, _) in zip(sets, sets[1:])      # when it last joined
+                    if before.get(addr) != node and after.get(addr) == node)
+        heard = [(t, inc, key, value) for kind, *rx in log[start:] if kind == "rx"
+                 for (a, n, inc, key, value, t) in [rx] if (a, n) == (addr, node)]
+        if heard and now - heard[-1][0] <= timeout:
+            n_alive += 1
+            life = itertools.takewhile(lambda h: h[1] == heard[-1][1], reversed(heard))   # since its last restart
+            total += next((value for _, _, key, value in life if key == class_id), 0.0)    # seqs only grow here
+    return tuple(sorted(["n1", *peers.values()])), 1 + len(peers), n_alive, total
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=events)
+def test_runtime_peer_changes_match_a_brute_force_recomputation(events):
+    peers = {ADDRS[0]: "n2"}
+    m = Membership("n1", list(peers), 0.3, names=peers)
+    log, now, seq = [("set", {}, 0.3), ("set", peers, None)], 0.0, {}
+    for kind, *args in events:
+        if kind == "set":
+            m.set_peers(args[0], timeout_s=args[1])
+            log.append(("set", *args))
+        elif kind == "rx":
+            addr, node, inc, key, value = args
+            seq[node] = seq.get(node, 0) + 1
+            m.observe(Peer(addr, node, inc).rx(Batch((ClassValue(key, seq[node], value),)), seq=seq[node]), now)
+            log.append(("rx", *args, now))      # datagrams from non-members or under a wrong id count nowhere
+        else:
+            now += args[0]
+        for class_id in (1, 2):
+            view = m.view(class_id, now)
+            members, n_nodes, n_alive, total = brute_force(log, now, class_id)
+            assert (view.members, view.n_nodes, view.n_alive) == (members, n_nodes, n_alive)
+            assert view.remote_sum == pytest.approx(total)

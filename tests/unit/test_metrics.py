@@ -181,3 +181,16 @@ def test_metrics_address_from_the_flag_or_the_config_file(tmp_path):
     f = tmp_path / "drl.toml"
     f.write_text('[agent]\nmetrics = "10.0.0.1:9470"\n\n[[class]]\nname = "a"\nglobal = "1mbit"\n')
     assert configfile.read(str(f), up).agent["metrics"] == "10.0.0.1:9470"
+
+
+def test_registry_state_only_with_a_registry(tmp_path):
+    with running_agent(tmp_path) as a:
+        a.board.publish(a.status())
+        assert "drl_registry" not in exposition(a.board)                # no --registry: no series
+        st = a.status()
+        st["registry"] = {"state": "unreachable", "members": ["a", "b"], "classes": ["default"]}
+        a.board.publish(st)
+    text = exposition(a.board)
+    promtool_check(text)
+    got = samples(text)
+    assert got[("drl_registry_up", ())] == 0 and got[("drl_registry_members", ())] == 2

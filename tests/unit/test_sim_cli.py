@@ -11,7 +11,7 @@ from drl.cli.sim import main
 def test_list_names_every_reproduction():
     out = CliRunner().invoke(main, ["list"])
     assert out.exit_code == 0
-    for name in ("scale", "gdrl-graphs", "dqmp-crash", "dqmp-1000"):
+    for name in ("scale", "gdrl-graphs", "dqmp-crash", "dqmp-1000", "churn"):
         assert name in out.output
 
 
@@ -29,7 +29,7 @@ def test_unknown_experiment_is_one_line_and_exit_1(tmp_path):
     out = CliRunner().invoke(main, ["run", "nope", "--out", str(tmp_path)])
     assert out.exit_code == 1
     assert out.output.strip().splitlines() == ["error: unknown experiment 'nope' (choose from scale, "
-                                               "gdrl-graphs, dqmp-crash, dqmp-1000)"]
+                                               "gdrl-graphs, dqmp-crash, dqmp-1000, churn)"]
 
 
 def test_bad_output_directory_is_one_line(tmp_path):

@@ -1,17 +1,20 @@
 """The shared transfer machinery (agent/allocators/transfer.py) and graphs (graph.py)."""
+import dataclasses
 import random
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators.graph import Graph, GraphError, bfs_levels
-from drl.agent.allocators.transfer import (Ledger, claim_endowments, heir, receive, replace_src, retransmit, send,
-                                       settle, share)
-from drl.agent.model import PeerState, PeerView
+from drl.agent.allocators.transfer import (Ledger, claim_endowments, down_run, follow_members, receive,
+                                           replace_src, retransmit, return_endowments, send, settle, share)
+from drl.agent.model import PeerState, PeerView, Report, TransferAck
 
 
-def _view(dead=(), age=100.0, members=("a", "b", "c")):
-    peers = {m: PeerState(m, 0.0, alive=m not in dead, age_s=0.0 if m not in dead else age) for m in members}
+def _view(dead=(), age=100.0, members=("a", "b", "c"), lives=None):
+    lives = lives or {}
+    peers = {m: PeerState(m, 0.0, alive=m not in dead, age_s=0.0 if m not in dead else age,
+                          incarnation=lives.get(m, 1)) for m in members}
     return PeerView(members=members, peers=peers, remote_sum=0.0, n_alive=len(members) - len(dead))
 
 
@@ -92,8 +95,9 @@ def test_genesis_shares_add_up_exactly():
 
 def test_heir_is_the_next_member_alive_and_claims_once():
     genesis = ("a", "b", "c", "d")
-    assert heir("b", genesis, {"b"}) == "c"
-    assert heir("b", genesis, {"b", "c"}) == "d"
+    assert down_run(genesis, "c", _view(dead=("b",), members=genesis), 10) == (["b"], "a")
+    assert down_run(genesis, "d", _view(dead=("b", "c"), members=genesis), 10) == (["c", "b"], "a")
+    assert down_run(genesis, "a", _view(dead=("d",), members=genesis[:3]), 10) == (["d"], "c")  # d left
     view = _view(dead=("b", "c"), members=genesis)
     led = claim_endowments(Ledger(holding=0), "d", genesis, 100, view, dead_after_s=10)
     assert led.holding == 50 and led.claimed == {"b", "c"}
@@ -131,3 +135,53 @@ def test_random_regular_graph_is_regular_connected_and_seeded(n, degree, seed):
 def test_unknown_graph_kind_is_refused():
     with pytest.raises(GraphError, match="graph kind"):
         Graph(kind="star")
+
+
+def test_a_leaver_is_settled_at_once_and_reopened_when_back():
+    a, env = send(Ledger(holding=100), "b", 30)
+    gone, churn = follow_members(a, _view(members=("a", "c")))
+    assert gone.holding == 100 and "b" in gone.closed and "b" in gone.left and not churn.back
+    back, churn = follow_members(gone, _view(members=("a", "b", "c")))
+    assert churn.back == {"b"} and "b" not in back.closed and back.holding == 100 and "b" not in back.links
+
+
+def test_a_new_incarnation_settles_the_old_life_and_opens_a_fresh_link():
+    a, _ = send(Ledger(holding=100), "b", 30)
+    a, _ = follow_members(a, _view(members=("a", "b")))            # learns b's life 1
+    a, churn = follow_members(a, _view(members=("a", "b"), lives={"b": 2}))
+    assert churn.restarted == {"b"} and churn.back == {"b"}
+    assert a.holding == 100 and "b" not in a.closed and "b" not in a.links and a.lives["b"] == 2
+
+
+def test_an_endowment_return_moves_h_is_resent_until_acked_and_credited_once():
+    genesis, view = ("a", "b"), _view(members=("a", "b"))
+    heir = Ledger(holding=700, claimed=frozenset({"a"}), reports_in_net=False)
+    heir, out = return_endowments(heir, genesis, 1000, view, back={"a"}, dead_after_s=10)
+    assert heir.holding == 200 and heir.accountable == 200 and "a" not in heir.claimed   # H moved out
+    assert [(e.dst, e.body) for e in out] == [("a", Report(consumed=500, free=0))]
+    again = retransmit(heir, [], view)
+    assert [e.body for e in again] == [Report(consumed=500, free=0)]
+    rejoiner = Ledger(holding=0, reports_in_net=False)
+    rejoiner, acks, returned = receive(rejoiner, [replace_src(out[0], "b")] * 2)   # a duplicate
+    assert returned == 500 and rejoiner.accountable == 0                            # the caller credits it
+    assert [a.body for a in acks] == [TransferAck(xfer_id=0, link_total=500)]
+    heir, _, _ = receive(heir, [replace_src(acks[0], "a")])
+    assert retransmit(heir, [], view) == ()
+
+
+def test_a_return_waits_until_the_holding_covers_it():
+    genesis, view = ("a", "b"), _view(members=("a", "b"))
+    heir = Ledger(holding=100, claimed=frozenset({"a"}), reports_in_net=False)
+    heir, out = return_endowments(heir, genesis, 1000, view, back={"a"}, dead_after_s=10)
+    assert out == () and heir.owed == {"a"} and heir.claimed == {"a"}
+    heir, out = return_endowments(dataclasses.replace(heir, holding=600), genesis, 1000, view, back=(),
+                                  dead_after_s=10)
+    assert [e.body.consumed for e in out] == [500] and heir.owed == frozenset() and heir.holding == 100
+
+
+def test_a_return_brings_back_the_shares_of_the_down_members_behind_it():
+    genesis = ("a", "b", "c")
+    view = _view(members=("b", "c"))                                 # a left; b is back
+    heir = Ledger(holding=1000, claimed=frozenset({"a", "b"}), reports_in_net=False)
+    heir, out = return_endowments(heir, genesis, 900, view, back={"b"}, dead_after_s=10)
+    assert [e.body.consumed for e in out] == [600] and heir.claimed == frozenset()

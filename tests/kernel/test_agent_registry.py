@@ -1,0 +1,176 @@
+"""Real agents that find each other and read their limits in a real etcd (``--registry``).
+
+Topology: a star of 5 hosts; agents on h1..h4 limit their eth0 egress, h5 is
+the sink and runs etcd (Debian's etcd-server, lab/etcd.py) on 10.0.0.5:2379.
+No agent is given --peers: each learns the others from etcd.  Rates are
+measured at the sink's eth0 (L2 bytes, what the limiter counts).
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from drl.agent.control import ControlError, request
+from drl.lab.agents import installed
+from drl.lab.etcd import Etcd
+from drl.lab.measure import sink_rate_bps
+from drl.lab.metrics import within
+from drl.lab.traffic import iperf3_server, iperf3_start
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
+
+LIMIT = 12e6
+
+
+@pytest.fixture
+def fleet(make_star, cluster):
+    """(lab, etcd on the sink, start(host, *extra) -> agent with only --registry)."""
+    lab = make_star(5)
+    sink = lab.hosts[4]
+    with Etcd(host=sink) as etcd:
+        agents = cluster(lab)
+
+        def start(host, *extra, allocator="fps", global_="12mbit"):
+            return agents.start(host, (), allocator, global_, "--registry", etcd.url, "--cluster", "t", *extra)
+        yield lab, etcd, start
+
+
+def members(st) -> int:
+    """Agents this one counts: itself and its alive peers."""
+    return 1 + sum(p["state"] == "alive" for p in st["peers"])
+
+
+def wait_members(agents, n: int, timeout_s: float) -> float:
+    """Seconds until every agent counts ``n`` members; fails with their statuses after ``timeout_s``."""
+    t0 = time.monotonic()
+    for a in agents:
+        st = a.wait_for(lambda s: members(s) == n and len(s["peers"]) == n - 1, t0 + timeout_s - time.monotonic())
+        assert members(st) == n and len(st["peers"]) == n - 1, (a.host, st["peers"], st["registry"])
+    return time.monotonic() - t0
+
+
+def senders(lab, hosts, seconds: int) -> list:
+    """Two TCP flows from each host to its own iperf3 server on the sink (the Lab stops the servers)."""
+    return [iperf3_start(h, iperf3_server(lab.hosts[4]), seconds=seconds, streams=2) for h in hosts]
+
+
+def test_agents_find_each_other_join_and_leave_through_etcd(fleet):
+    lab, etcd, start = fleet
+    h1, h2, h3, h4, sink = lab.hosts
+    agents = [start(h) for h in (h1, h2, h3)]
+    wait_members(agents, 3, timeout_s=5)
+    assert all(a.status()["registry"]["state"] == "reachable" for a in agents)
+
+    clients = senders(lab, (h1, h2, h3), seconds=30)
+    time.sleep(4)
+    rate3 = sink_rate_bps(sink, 6)
+    assert within(rate3, LIMIT, 0.10), rate3
+
+    agents.append(start(h4))                       # a 4th host joins while traffic runs
+    took = wait_members(agents, 4, timeout_s=3 + 1)   # 1 s: the agent's own start
+    assert took <= 3.0, took
+    clients4 = senders(lab, (h4,), seconds=12)
+    time.sleep(4)
+    total4 = sink_rate_bps(sink, 6)
+    st4 = agents[3].status()
+    assert within(total4, LIMIT, 0.10), total4
+    # its flows get their share: 2 of 8 flows, a quarter of the limit (FPS)
+    assert st4["local_limit_bps"] >= 0.6 * LIMIT / 4, st4["local_limit_bps"]
+
+    agents[3].kill(signal.SIGKILL)                 # its key goes with its lease (TTL 5 s)
+    t_kill = time.monotonic()
+    took = wait_members(agents[:3], 3, timeout_s=9)
+    assert all(len(a.status()["registry"]["members"]) == 3 for a in agents[:3])
+    assert time.monotonic() - t_kill <= 9
+    for c in clients + clients4:
+        c.wait()
+
+
+def test_limit_holds_while_etcd_is_down_and_a_change_made_meanwhile_lands(fleet):
+    lab, etcd, start = fleet
+    h1, h2, h3, _, sink = lab.hosts
+    agents = [start(h) for h in (h1, h2, h3)]
+    wait_members(agents, 3, timeout_s=5)
+    clients = senders(lab, (h1, h2, h3), seconds=40)
+    time.sleep(4)
+
+    etcd.stop()
+    t0 = time.monotonic()
+    down = sink_rate_bps(sink, 18)      # most of a 20-s outage
+    reply = request(agents[0].socket, "set", timeout_s=3.0, **{"class": "default", "global": "6mbit"})
+    assert reply["registry"] == "pending", reply
+    for a in agents:
+        st = a.status()
+        assert st["registry"]["state"] == "unreachable" and members(st) == 3, (st["registry"], st["peers"])
+        assert st["global_limit_bps"] == LIMIT       # nothing applied while etcd is away
+    time.sleep(max(0.0, 20 - (time.monotonic() - t0)))
+    assert within(down, LIMIT, 0.10), down
+
+    etcd.start()
+    for a in agents:
+        st = a.wait_for(lambda s: s["global_limit_bps"] == 6e6, timeout_s=8)
+        assert st["global_limit_bps"] == 6e6 and st["registry"]["state"] == "reachable", st["registry"]
+    time.sleep(3)
+    after = sink_rate_bps(sink, 5)
+    assert within(after, 6e6, 0.10), after
+    for c in clients:
+        c.wait()
+
+
+GDRL_CLASS = """\
+[[class]]
+name = "gold"
+global = "12mbit"
+allocator = "gdrl"
+"""
+
+
+def test_gdrl_class_from_etcd_rejoins_under_its_id_and_the_sum_stays_at_the_limit(fleet, tmp_path):
+    """A gdrl class imported into etcd while the fleet runs: every agent starts it, the
+    founders being the members then (etcd's genesis key); one agent killed and restarted
+    under its id (its state file: a rejoiner) gets its capacity back from its best friend."""
+    lab, etcd, start = fleet
+    hosts = lab.hosts[:3]
+    agents = [start(h) for h in hosts]
+    wait_members(agents, 3, timeout_s=5)
+    (tmp_path / "gold.toml").write_text(GDRL_CLASS)
+    ctl = subprocess.run(hosts[0].argv(installed("drlctl"), "import", str(tmp_path / "gold.toml"),
+                                       "--registry", etcd.url, "--cluster", "t"), capture_output=True, text=True)
+    assert ctl.returncode == 0, ctl.stderr
+    clients = senders(lab, hosts, seconds=40)
+    sums = []
+
+    def capacities() -> dict[str, float]:
+        caps = {}
+        for a in agents:
+            try:
+                gold = [c for c in a.status()["classes"] if c["name"] == "gold"]
+            except ControlError:            # the one that is down
+                continue
+            if gold:
+                caps[a.host] = gold[0]["allocator_state"]["capacity_bps"]
+        sums.append(sum(caps.values()))
+        return caps
+
+    def until(cond, timeout_s: float) -> dict[str, float]:
+        """Sample the capacities until cond(capacities) holds; fails after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while not cond(caps := capacities()):
+            assert time.monotonic() < deadline, caps
+            time.sleep(0.3)
+        return caps
+
+    caps = until(lambda caps: len(caps) == 3, 5)            # every agent started it, as a founder
+    assert all(c > 0 for c in caps.values()), caps
+    victim = agents[1]
+    victim.kill(signal.SIGKILL)
+    until(lambda caps: len(caps) == 2 and sum(caps.values()) >= 0.99 * LIMIT, 12)   # its key expired: inherited
+    agents[1] = start(hosts[1])                           # its state file: a rejoiner
+    until(lambda caps: caps.get(victim.host, 0) > 0.5 * LIMIT / 3, 20)
+    until(lambda caps: sum(caps.values()) >= 0.995 * LIMIT, 10)    # the return and its ack settled
+    assert max(sums) <= LIMIT * 1.001, max(sums)          # never above the limit
+    for c in clients:
+        c.wait()
