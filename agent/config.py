@@ -79,7 +79,8 @@ class Config:
     gossip_mark: int = abi.GOSSIP_MARK       # SO_MARK of the gossip socket, exempt from policing (agent/abi.py)
     metrics: HostPort | None = None          # --metrics: serve Prometheus /metrics there (agent/metrics.py)
     log_format: str = "logfmt"               # --log-format: logfmt or json lines on stderr (agent/logs.py)
-    reload: Callable[[], tuple[ClassConf, ...]] | None = None   # re-reads --config; raises ConfigError
+    # re-reads --config, with the registry's {name: table} on top if given; raises ConfigError
+    reload: Callable[..., tuple[ClassConf, ...]] | None = None
     registry: RegistryConfig | None = None   # --registry: members and classes from etcd (agent/registry.py)
     peer_timeout_fixed: bool = False         # --peer-timeout given: it does not follow N as members come and go
     # the classes in force with the registry's {name: table} on top; raises ConfigError

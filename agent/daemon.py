@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from drl.agent.classify import ClassifyError
 from drl.agent.config import ClassConf, Config, ConfigError
 from drl.agent.control import ControlError, ControlServer
 from drl.agent.datapath import Counters, Datapath, DatapathError, now_ns
@@ -175,7 +174,8 @@ class Agent:
         self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names,
                                   failsafe_s=cfg.failsafe_s, slack_s=_slack_s(cfg, len(cfg.peers)))
         self.registry: Registry | None = None
-        self._peers_applied = {p.addr: p.node_id for p in cfg.peers}
+        self._peers_applied = ({p.addr: p.node_id for p in cfg.peers}, {})      # (members, lost)
+        self._bad_keys: tuple[str, ...] = ()
         self._registry_seen: tuple[int, dict | None] = (-1, None)   # (Registry.changed(), the classes applied)
         self._registry_up = True
         if cfg.registry is not None:
@@ -354,23 +354,26 @@ class Agent:
 
     def _set_in_registry(self, run: ClassRun, text: str, rate: float) -> dict:
         """With a registry the class's table in etcd gets the new limit, and every agent (this
-        one too) applies it from its watch; written when etcd is back if it is away now."""
+        one too) applies it from its watch; written when etcd is back if it is away now.  A
+        class etcd does not have yet goes there whole (its rules and allocator), so an agent
+        that has no such class of its own starts the same one, not one matching everything."""
         view = self.registry.view()
-        self.registry.put_class({**view.classes.get(run.name, {"name": run.name}), "global": text})
-        log.info("limit_requested", class_=run.name, global_bps=round(to_bps(rate)), from_="drlctl",
-                 registry="written" if view.reachable else "pending")
+        table = view.classes.get(run.name) or {"name": run.name, "allocator": run.conf.allocator.name,
+                                                "match": [str(rule) for rule in run.conf.rules]}
+        self.registry.put_class({**table, "global": text})
+        state = "queued" if view.reachable else "pending"      # pending: written once etcd is back
+        log.info("limit_requested", class_=run.name, global_bps=round(to_bps(rate)), from_="drlctl", registry=state)
         return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate),
-                "limit_version": self.book.get(run.name).version, "registry": "written" if view.reachable else "pending"}
+                "limit_version": self.book.get(run.name).version, "registry": state}
 
     def reload(self) -> dict:
         """Re-read the config file: classes added, changed or removed in place.  A bad file
         changes nothing."""
         if self.cfg.reload is None:
             return {"ok": False, "error": "the agent was started without --config: nothing to reload"}
-        live = self._registry_seen[1]
         try:
-            changes = self._apply_classes(self.cfg.reload() if live is None else self.cfg.live_classes(live))
-        except (ConfigError, ClassifyError, ValueError) as e:
+            changes = self._apply_classes(self.cfg.reload(self._registry_seen[1]))
+        except (ConfigError, ValueError) as e:      # ClassifyError is a ValueError
             log.error("reload_failed", error=str(e))
             return {"ok": False, "error": str(e)}
         log.info("reloaded", classes=len(self.table), added=list(changes.added), changed=list(changes.changed),
@@ -393,78 +396,89 @@ class Agent:
 
     def _start_registry(self) -> tuple[ClassConf, ...]:
         """Register in etcd and wait (REGISTRY_START_S at most) for its first view: the
-        members to start with and the classes in force.  Without one the agent starts on
-        the classes it was given, and refuses to start when it was given none."""
+        members to start with and the classes in force.  Without one the agent cannot know
+        its peers, so it does not start (a 1/N share of a cluster it cannot see would be
+        the whole limit), unless --peers names them."""
         cfg = self.cfg
         self.registry = Registry(dataclasses.replace(cfg.registry, mark=cfg.gossip_mark), cfg.node_id,
                                  self.transport.address, self.transport.core.incarnation)
-        self._stack.callback(self.registry.close)     # revoked first on exit: the others see us go at once
+        self._stack.callback(self.registry.close)     # after the datapath is detached: we leave last
         self.registry.start()
         deadline = time.monotonic() + REGISTRY_START_S
         while not self.registry.view().reachable and time.monotonic() < deadline:
             time.sleep(0.01)
-        view = self.registry.view()
+        seen, view = self.registry.snapshot()
         self._registry_up = view.reachable
         if not view.reachable:
-            if not cfg.classes:
-                raise RegistryError(f"no class to limit: none given (--global, --config) and etcd is unreachable "
-                                    f"({view.error})")
+            if not cfg.peers or not cfg.classes:
+                raise RegistryError(f"etcd is unreachable ({view.error}): without it this agent knows neither "
+                                    f"its peers nor, if it has none of its own, its classes")
             log.warning("registry", state="unreachable", error=view.error)
             return cfg.classes
         self._follow_members(view)
-        confs = self._live_classes(view)
+        confs = self.cfg.live_classes(view.classes)
+        self._registry_seen = (seen, view.classes)
         if not confs:
             raise RegistryError(f"no class to limit: none given (--global, --config) and none in etcd under "
                                 f"{cfg.registry.prefix}classes/")
         return confs
 
-    def _live_classes(self, view: RegistryView) -> tuple[ClassConf, ...]:
-        """The classes in force with etcd's on top; remembered as applied."""
-        confs = self.cfg.live_classes(view.classes)
-        self._registry_seen = (self.registry.changed(), view.classes)
-        return confs
-
     def _follow_registry(self) -> None:
         """What changed in etcd since the last tick: members, then classes.  While etcd is
         unreachable nothing changes: the last members and classes stay, gossip goes on."""
-        if self.registry is None or self.registry.changed() == self._registry_seen[0]:
+        if self.registry is None:
             return
-        view = self.registry.view()
-        self._registry_seen = (self.registry.changed(), self._registry_seen[1])
+        seen, view = self.registry.snapshot()
+        if seen == self._registry_seen[0]:
+            return
+        self._registry_seen = (seen, self._registry_seen[1])
         if view.reachable != self._registry_up:
             self._registry_up = view.reachable
             log.info("registry", state="reachable" if view.reachable else "unreachable", error=view.error or None)
         if not view.reachable:
             return
+        if view.bad_keys != self._bad_keys:
+            self._bad_keys = view.bad_keys
+            if view.bad_keys:
+                log.warning("registry_bad_keys", keys=list(view.bad_keys))     # an etcdctl typo, say
         self._follow_members(view)
         if view.classes != self._registry_seen[1]:
-            try:
-                confs = self._live_classes(view)
-                if not confs:
-                    raise ConfigError("no class left: the agent keeps the ones it has")
-                changes = self._apply_classes(confs)
-            except (ConfigError, ClassifyError, ValueError) as e:
-                log.error("registry_classes_refused", error=str(e))
-                return
-            log.info("registry_classes", classes=len(self.table), added=list(changes.added),
-                     changed=list(changes.changed), removed=list(changes.removed))
+            self._registry_seen = (seen, view.classes)
+            self._follow_classes(view.classes)
+
+    def _follow_classes(self, tables: dict[str, dict]) -> None:
+        """etcd's classes on top of ours; a set that does not check changes nothing."""
+        try:
+            confs = self.cfg.live_classes(tables)
+            if not confs:
+                raise ConfigError("no class left: the agent keeps the ones it has")
+            changes = self._apply_classes(confs)
+        except (ConfigError, ValueError) as e:
+            log.error("registry_classes_refused", error=str(e))
+            return
+        log.info("registry_classes", classes=len(self.table), added=list(changes.added),
+                 changed=list(changes.changed), removed=list(changes.removed))
 
     def _follow_members(self, view: RegistryView) -> None:
-        """The registry's members (and --peers) become the gossip targets and N."""
+        """The registry's members (and --peers) become the gossip targets and N; a lost one
+        stays a gossip target and reserved, but out of N (Membership.set_peers)."""
         cfg = self.cfg
         wanted = {m.addr: m.node_id for m in view.members.values() if m.node_id != cfg.node_id}
         wanted.update({p.addr: p.node_id for p in cfg.peers})
-        if wanted == self._peers_applied:
+        lost = {m.addr: m.node_id for m in view.lost.values() if m.addr not in wanted}
+        if (wanted, lost) == self._peers_applied:
             return
-        before, self._peers_applied = self._peers_applied, wanted
+        (before, _), self._peers_applied = self._peers_applied, (wanted, lost)
         n = len(wanted)
         timeout_s = None if cfg.peer_timeout_fixed else liveness_timeout(cfg.interval_s, n, cfg.branching)
-        self.members.set_peers(self.transport.set_peers(wanted, timeout_s=timeout_s), timeout_s=timeout_s,
-                               slack_s=_slack_s(cfg, n))
+        heard_from = self.transport.set_peers({**wanted, **lost}, timeout_s=timeout_s)
+        self.members.set_peers(heard_from, timeout_s=timeout_s, slack_s=_slack_s(cfg, n),
+                               lost=[a for a, node in heard_from.items() if node in lost.values()])
         log.info("members", n=1 + n, joined=sorted(str(wanted[a]) for a in wanted.keys() - before.keys()) or None,
-                 left=sorted(str(before[a]) for a in before.keys() - wanted.keys()) or None)
+                 left=sorted(str(before[a]) for a in before.keys() - wanted.keys() - lost.keys()) or None,
+                 lost=sorted(lost.values()) or None)
         for addr, why in self.transport.unresolved.items():
-            log.warning("peer_unresolved", peer=f"{wanted[addr]}@{addr[0]}:{addr[1]}", error=why)
+            log.warning("peer_unresolved", peer=f"{({**wanted, **lost})[addr]}@{addr[0]}:{addr[1]}", error=why)
 
     # -- the tick ---------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Collection, Iterator, Mapping, Sequence
 
 from .model import PeerState, PeerView
 from .gossip import Addr, Received, class_seq_gap, cycle_rounds
@@ -100,9 +100,10 @@ class Membership:
         self._homes = {node: addr for addr, node in self._named.items()}    # named id -> its address
         self.class_lost: collections.Counter[int] = collections.Counter()
         self._rows_at: tuple | None = None
+        self._lost: frozenset[Addr] = frozenset()     # set_peers: gone from the registry unannounced
 
     def set_peers(self, peers: Mapping[Addr, str | None], *, timeout_s: float | None = None,
-                  slack_s: float | None = None) -> None:
+                  slack_s: float | None = None, lost: Collection[Addr] = ()) -> None:
         """The peer set changed at runtime (a registry's watch): ``peers`` maps every current
         peer address to its node id, or None for an unnamed one (learned as at start).
 
@@ -115,7 +116,13 @@ class Membership:
 
         ``timeout_s`` / ``slack_s``: the new liveness timeout and stale-rule slack, for a
         caller whose values follow N (liveness_timeout(interval, n_peers, branching));
-        None keeps the current value (an explicit ``--peer-timeout`` stays fixed)."""
+        None keeps the current value (an explicit ``--peer-timeout`` stays fixed).
+
+        ``lost`` (some of ``peers``): members that went without leaving (an expired lease).
+        They are no members (not in N), but while one is still heard it counts as one
+        (cut off from the registry, not dead), and once silent its datapath, which may
+        still pass traffic, stays reserved by the stale rule (:meth:`may_still_pass`), so
+        the hosts together never pass more than the limit."""
         if timeout_s is not None:
             self.timeout_s = _checked(timeout_s)
         if slack_s is not None:
@@ -123,6 +130,7 @@ class Membership:
         self._named = {addr: node for addr, node in peers.items() if node}
         self._homes = {node: addr for addr, node in self._named.items()}
         self._slots = {addr: self._kept(addr) for addr in peers}
+        self._lost = frozenset(lost) & self._slots.keys()
         self._rows_at = None
 
     def _kept(self, addr: Addr) -> _Slot:
@@ -136,7 +144,7 @@ class Membership:
 
     @property
     def n_nodes(self) -> int:
-        return 1 + len(self._slots)
+        return 1 + len(self._slots) - len(self._lost)
 
     def observe(self, rx: Received, now: float) -> None:
         """Record one accepted datagram (from gossip; unknown addresses are ignored)."""
@@ -206,22 +214,25 @@ class Membership:
         count, every class's sum over the alive peers (one pass over what they published,
         not a pass over the peers per class), and the stale peers' (values, age)."""
         if self._rows_at is None or self._rows_at[0] != now:
-            rows = {slot.name(): (slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen,
-                                  slot.incarnation) for slot in self._slots.values()}
+            every = {addr: (slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen,
+                            slot.incarnation) for addr, slot in self._slots.items()}
+            # a lost member that fell silent is no member, only what its datapath may pass
+            rows = {row[0]: row for addr, row in every.items() if row[2] or addr not in self._lost}
             sums: dict[int, float] = {}
             for _, values, alive, _, _ in rows.values():
                 if alive:
                     for key, (_, value, _) in values.items():
                         sums[key] = sums.get(key, 0.0) + value
-            stale = [(values, age) for _, values, alive, age, _ in rows.values() if not alive]
+            stale = [(values, age) for _, values, alive, age, _ in every.values() if not alive]
             self._rows_at = (now, rows, tuple(sorted([self.node_id, *rows])),
                              sum(row[2] for row in rows.values()), sums, stale)
         return self._rows_at[1:]
 
     def status(self, now: float) -> list[dict]:
-        """One row per peer for drlctl status: node_id, address, state, last_seen_s, lost."""
+        """One row per peer for drlctl status: node_id, address, state (alive, stale, or lost:
+        gone from the registry unannounced and silent, see set_peers), last_seen_s, lost."""
         return [{"node_id": slot.name(), "address": format_addr(slot.addr),
-                 "state": "alive" if self._alive(slot, now) else "stale",
+                 "state": "alive" if self._alive(slot, now) else "lost" if addr in self._lost else "stale",
                  "last_seen_s": None if slot.last_seen == -math.inf else now - slot.last_seen,
                  "incarnation": slot.incarnation, "lost": slot.lost}
-                for slot in self._slots.values()]
+                for addr, slot in self._slots.items()]

@@ -14,11 +14,12 @@ the failure behaviour and the choice of client are in docs/registry.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from drl.agent.etcdgw import EtcdError, Gateway, Watch, make_ssl_context
@@ -76,6 +77,9 @@ def parse_registry(text: str) -> tuple[HostPort, ...]:
     dups = sorted({format_addr(e) for e in endpoints if endpoints.count(e) > 1})
     if dups:
         raise RegistryError(f"--registry: endpoint listed twice: {', '.join(dups)}")
+    if len({port for _, port in endpoints}) > 1:
+        # the datapath lets the agent's etcd connections pass by their port (bpf/limiter.c exempt)
+        raise RegistryError(f"--registry: give every endpoint the same port, got {text!r}")
     return endpoints
 
 
@@ -99,6 +103,7 @@ class Member:
     node_id: str
     addr: HostPort              # its gossip address
     incarnation: int = 0
+    left: bool = False          # it said so before revoking its lease (Registry.close)
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,10 @@ class RegistryView:
     since: float                        # Registry's clock() when `reachable` last changed
     error: str = ""                     # why etcd is unreachable
     bad_keys: tuple[str, ...] = ()      # keys under the prefix whose value is not of the layout (ignored)
+    # members whose key went without their leaving (an expired lease: killed, hung, cut off
+    # from etcd), until their id registers again: their datapath may still pass traffic
+    lost: dict[str, Member] = field(default_factory=dict)
+    genesis: dict[str, tuple[str, ...]] = field(default_factory=dict)   # class -> its founders
 
 
 class Registry:
@@ -128,6 +137,7 @@ class Registry:
         self._watch: Watch | None = None
         self._watch_error: str | None = None
         self._changes = 0
+        self._left: set[str] = set()            # ids that said they leave (close()): not lost
         self._view = RegistryView({}, {}, False, clock(), "not connected yet")
         self._thread = threading.Thread(target=self._run, name="drl-registry", daemon=True)
 
@@ -141,6 +151,12 @@ class Registry:
 
     def changed(self) -> int:
         return self._changes
+
+    def snapshot(self) -> tuple[int, RegistryView]:
+        """(changed(), view()) of one instant: read apart, a change published in between
+        would be counted as seen and never applied."""
+        with self._lock:
+            return self._changes, self._view
 
     def put_class(self, table: dict) -> None:
         name = table.get("name")
@@ -158,6 +174,10 @@ class Registry:
         allocators take shares only as founders; the others join (docs/allocators.md).
         Blocks for one or two etcd calls, at a class's start only; ``members`` when etcd
         does not answer (RegistryError is not raised: a class must start)."""
+        view = self._view
+        known = view.genesis.get(class_name)
+        if known is not None and (set(known) & set(view.members) or not view.reachable):
+            return known                        # the watched copy: no etcd call
         key = self.cfg.prefix + "genesis/" + class_name
         for gw in self._gateways:
             try:
@@ -165,24 +185,28 @@ class Registry:
                     found = gw.get(key)
                     if found is not None:
                         genesis = tuple(json.loads(found[0])["members"])
-                        if set(genesis) & set(self._view.members):
+                        # refound only what no registered member founded, as etcd says now
+                        if set(genesis) & set(_registered(gw, self.cfg.prefix)):
                             return genesis
                     if gw.put_if(key, json.dumps({"members": sorted(members)}).encode(), found[1] if found else 0):
                         return tuple(sorted(members))
             except (EtcdError, ValueError, KeyError, TypeError):
                 continue
-        return tuple(sorted(members))
+        return known or tuple(sorted(members))
 
     def close(self) -> None:
-        """Stop the threads, then revoke the lease so that our key goes now, not after the TTL."""
+        """Stop the threads, then say we leave and revoke the lease, so that our key goes
+        now, not after the TTL, and the others know it went on purpose (not ``lost``)."""
         self._stopping.set()
         self._wake.set()
         self._close_watch()
         if self._thread.is_alive():
             self._thread.join(timeout=3 * CALL_TIMEOUT_S)
         if self._lease:
+            leaving = json.dumps({**json.loads(self._me), "left": True}).encode()
             for gw in self._gateways:
                 try:
+                    gw.put(self._member_key(self.node_id), leaving, self._lease)
                     gw.revoke(self._lease)
                     break
                 except EtcdError:
@@ -204,6 +228,8 @@ class Registry:
 
     def _session(self, gw: Gateway) -> None:
         """Register, flush, read everything, then keep alive and follow the watch until a failure."""
+        if self._stopping.is_set():         # close() is waiting: no new lease behind its back
+            return
         self._register(gw)
         self._flush(gw)
         revision, kvs = gw.range_prefix(self.cfg.prefix)
@@ -256,7 +282,11 @@ class Registry:
         try:
             for events in watch:
                 with self._lock:
+                    if watch is not self._watch:     # replaced after a failure: the resync has it all
+                        return
                     for key, value in events:
+                        if value is not None and _says_left(self.cfg.prefix, key, value):
+                            self._left.add(key.rsplit("/", 1)[1])     # its delete may come in this batch
                         if value is None:
                             self._kvs.pop(key, None)
                         else:
@@ -280,36 +310,58 @@ class Registry:
     def _publish(self, reachable: bool, error: str) -> None:
         """Derive a new view from the raw values; bump the counter only if it differs."""
         with self._lock:
-            members, classes, bad = decode(self.cfg.prefix, self._kvs)
+            members, classes, bad, genesis = decode(self.cfg.prefix, self._kvs)
             old = self._view
+            for m, member in members.items():
+                (self._left.add if member.left else self._left.discard)(m)
+            members = {m: member for m, member in members.items() if not member.left}
+            lost = {m: member for m, member in {**old.lost, **old.members}.items()
+                    if m not in members and m not in self._left and m != self.node_id}
             since = old.since if old.reachable == reachable else self.clock()
-            view = RegistryView(members, classes, reachable, since, error, bad)
-            if (view.members, view.classes, view.reachable, view.error, view.bad_keys) != \
-                    (old.members, old.classes, old.reachable, old.error, old.bad_keys):
+            view = RegistryView(members, classes, reachable, since, error, bad, lost, genesis)
+            if view != dataclasses.replace(old, since=since):
                 self._view = view
                 self._changes += 1
 
 
-def decode(prefix: str, kvs: dict[str, bytes]) -> tuple[dict[str, Member], dict[str, dict], tuple[str, ...]]:
-    """The prefix's raw keys -> (members, classes, keys that are not of the layout)."""
+def decode(prefix: str, kvs: dict[str, bytes]) -> tuple[dict[str, Member], dict[str, dict], tuple[str, ...],
+                                                         dict[str, tuple[str, ...]]]:
+    """The prefix's raw keys -> (members, classes, keys that are not of the layout, genesis)."""
     members: dict[str, Member] = {}
     classes: dict[str, dict] = {}
+    genesis: dict[str, tuple[str, ...]] = {}
     bad = []
     for key, raw in sorted(kvs.items()):
         kind, _, name = key[len(prefix):].partition("/")
         try:
             value = json.loads(raw)
             if kind == "members":
-                members[name] = Member(name, parse_hostport(value["addr"]), int(value.get("incarnation", 0)))
+                members[name] = Member(name, parse_hostport(value["addr"]), int(value.get("incarnation", 0)),
+                                       value.get("left") is True)
             elif kind == "classes" and isinstance(value, dict) and value.get("name") == name:
                 classes[name] = value
-            elif kind == "genesis":         # Registry.founders reads its own
-                continue
+            elif kind == "genesis":
+                genesis[name] = tuple(str(m) for m in value["members"])
             else:
                 bad.append(key)
         except (ValueError, KeyError, TypeError, AttributeError, AddressError):
             bad.append(key)
-    return members, classes, tuple(bad)
+    return members, classes, tuple(bad), genesis
+
+
+def _says_left(prefix: str, key: str, value: bytes) -> bool:
+    if not key.startswith(prefix + "members/"):
+        return False
+    try:
+        return json.loads(value).get("left") is True
+    except (ValueError, AttributeError):
+        return False
+
+
+def _registered(gw: Gateway, prefix: str) -> set[str]:
+    """The node ids with a member key now (one range read)."""
+    _, kvs = gw.range_prefix(prefix + "members/")
+    return {key.rsplit("/", 1)[1] for key in kvs}
 
 
 def import_classes(cfg: RegistryConfig, tables: list[dict]) -> int:

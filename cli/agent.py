@@ -141,23 +141,38 @@ def up(ctx: click.Context, config: str | None, **opts) -> None:
 def load_config(path: str | None, opts: dict, explicit: set[str], check_host: bool = True):
     """The Config of `drl-agent up`: the file at ``path`` (if any) under the flags in
     ``explicit``; its ``reload`` re-reads the file with the same flags on top, and its
-    ``live_classes`` puts the registry's classes on top of that (configfile.merge)."""
+    ``live_classes`` puts the registry's classes on top of the file as last read (an
+    edit not yet reloaded does not go live with a change in etcd; configfile.merge)."""
     from drl.agent.config import ConfigError, build_classes, build_config
 
-    def options(live: dict[str, dict] | None = None) -> tuple[dict, list[dict]]:
+    def read() -> configfile.FileConfig | None:
         try:
-            overlay = [configfile.table_options(table, up, f"etcd class {name!r}")
-                       for name, table in sorted((live or {}).items())]
-            return configfile.merge(configfile.read(path, up) if path else None, opts, explicit, overlay)
+            return configfile.read(path, up) if path else None
         except configfile.ConfigFileError as e:
             raise ConfigError(str(e)) from None
 
-    def classes(live: dict[str, dict] | None = None):
-        agent_opts, tables = options(live)
+    loaded = [read()]
+
+    def classes(live: dict[str, dict] | None = None, file: configfile.FileConfig | None = None):
+        try:
+            overlay = [configfile.table_options(table, up, f"etcd class {name!r}")
+                       for name, table in sorted((live or {}).items())]
+            agent_opts, tables = configfile.merge(file or loaded[0], opts, explicit, overlay)
+        except configfile.ConfigFileError as e:
+            raise ConfigError(str(e)) from None
         return build_classes(agent_opts, tables, cfg.peers, cfg.max_classes)
 
-    cfg = build_config(*options(), check_host=check_host)
-    return dataclasses.replace(cfg, reload=classes if path else None,
+    def reload(live: dict[str, dict] | None = None):
+        file = read()
+        confs = classes(live, file)
+        loaded[0] = file            # only a file that checks is the one etcd's classes go on
+        return confs
+
+    try:
+        cfg = build_config(*configfile.merge(loaded[0], opts, explicit), check_host=check_host)
+    except configfile.ConfigFileError as e:
+        raise ConfigError(str(e)) from None
+    return dataclasses.replace(cfg, reload=reload if path else None,
                                live_classes=classes if cfg.registry else None)
 
 

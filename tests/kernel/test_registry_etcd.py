@@ -66,7 +66,7 @@ def test_two_agents_see_each_other_and_a_close_leaves_at_once(registries):
     seen = b.changed()
     a.close()
     assert wait(lambda: set(b.view().members) == {"b"}, 0.5) < 0.5      # revoked, not expired
-    assert b.changed() > seen
+    assert b.changed() > seen and b.view().lost == {}                   # it said it leaves: not lost
 
 
 HOLDER = textwrap.dedent("""
@@ -91,6 +91,7 @@ def test_a_killed_holder_expires_with_its_lease(etcd, registries):
         wait(lambda: "k" in b.view().members, 2.0)
         proc.send_signal(signal.SIGKILL)
         gone = wait(lambda: "k" not in b.view().members, 5.0)
+        assert list(b.view().lost) == ["k"]          # no leaving said: its datapath may still pass
     finally:
         proc.kill()
         proc.wait()
@@ -110,7 +111,7 @@ def test_an_outage_keeps_the_view_and_pending_writes_land_after(etcd, registries
         time.sleep(2.0)
     finally:
         etcd.start()
-    back = wait(lambda: b.view().reachable and "gold" in b.view().classes, 3.0)
+    back = wait(lambda: b.view().reachable and "gold" in b.view().classes, 8.0)   # backoff <= 1 s
     assert b.view().classes["gold"] == {"name": "gold", "global": "70mbit"} and set(b.view().members) == {"a", "b"}
     assert b.view().since > view.since
     print(f"resync {back:.2f} s after etcd was back")
@@ -126,7 +127,7 @@ def test_a_hung_etcd_counts_as_unreachable(etcd, registries):
         assert "timed out" in a.view().error and set(a.view().members) == {"a"}
     finally:
         etcd.proc.send_signal(signal.SIGCONT)
-    wait(lambda: a.view().reachable, 3.0)
+    wait(lambda: a.view().reachable, 8.0)
     print(f"hung etcd noticed after {hung:.2f} s")
 
 
@@ -140,7 +141,7 @@ def test_latest_pending_write_per_class_wins(etcd, registries):
             a.put_class({"name": "gold", "global": rate})
     finally:
         etcd.start()
-    wait(lambda: a.view().classes.get("gold", {}).get("global") == "3mbit", 3.0)
+    wait(lambda: a.view().classes.get("gold", {}).get("global") == "3mbit", 8.0)
 
 
 def test_a_lease_lost_behind_our_back_is_granted_again(registries):
@@ -148,7 +149,7 @@ def test_a_lease_lost_behind_our_back_is_granted_again(registries):
     wait(lambda: set(b.view().members) == {"a", "b"}, 2.0)
     a.cfg.gateways()[0].revoke(a._lease)           # as if it had expired during a long stall
     wait(lambda: "a" not in b.view().members, 1.0)
-    assert wait(lambda: "a" in b.view().members, 3.0) < 3.0     # within a keepalive period (ttl/3)
+    wait(lambda: "a" in b.view().members, 6.0)     # at the next renewal (every ttl/3 = 1 s)
 
 
 def test_a_dead_endpoint_fails_over_to_the_next(etcd, registries):

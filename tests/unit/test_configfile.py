@@ -74,6 +74,18 @@ def test_etcd_classes_go_on_top_of_the_file_and_the_flags(tmp_path):
     assert load(tmp_path, GOOD).live_classes is None                               # no registry
 
 
+def test_etcd_classes_go_on_the_file_as_last_loaded_not_as_edited(tmp_path):
+    cfg = load(tmp_path, GOOD, "--registry", "etcd://10.0.0.9:2379", "--cluster", "t")
+    (tmp_path / "drl.toml").write_text(GOOD.replace('"50mbit"', '"60mbit"'))     # edited, not reloaded
+    assert cfg.live_classes({})[0].global_Bps == parse_rate("50mbit")
+    assert cfg.reload({})[0].global_Bps == parse_rate("60mbit")                  # now it is
+    assert cfg.live_classes({})[0].global_Bps == parse_rate("60mbit")
+    (tmp_path / "drl.toml").write_text("[[class]]\nname = 1\n")                  # a bad edit: refused ...
+    with pytest.raises(ConfigError):
+        cfg.reload({})
+    assert cfg.live_classes({})[0].global_Bps == parse_rate("60mbit")            # ... and not in force
+
+
 def test_reload_reads_the_file_again_with_the_flags_on_top(tmp_path):
     cfg = load(tmp_path, GOOD, "--ewma", "0.5")
     (tmp_path / "drl.toml").write_text(GOOD.replace('global = "20mbit"', 'global = "30mbit"'))

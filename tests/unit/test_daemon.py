@@ -476,10 +476,28 @@ def test_members_classes_and_limits_follow_a_real_etcd(tmp_path):
             follow(a, lambda: a.table.get("gold") is not None)          # a class that only etcd has
             assert a.book.get("gold").global_Bps == 20e6 / 8
             reply = a.set_limit({"class": "default", "global": "5mbit"})
-            assert reply["ok"] and reply["registry"] == "written", reply
+            assert reply["ok"] and reply["registry"] == "queued", reply
             follow(a, lambda: a.book.get("default").global_Bps == 5e6 / 8)   # from etcd, like every agent
-            assert b.view().classes["default"] == {"name": "default", "global": "5mbit"}
+            # whole: an agent without a class of that name starts this one, not a match-all
+            assert b.view().classes["default"] == {"name": "default", "global": "5mbit", "allocator": "fps",
+                                                   "match": []}
             b.close()                                                   # revoked: gone at once
             follow(a, lambda: a.members.n_nodes == 1, timeout_s=3.0)
             st = a.status()["registry"]
             assert st["state"] == "reachable" and st["members"] == ["a"] and st["classes"] == ["default", "gold"]
+
+
+def test_an_agent_that_cannot_reach_etcd_at_start_does_not_start(tmp_path):
+    """Alone it would count N = 1 and take the whole limit of a cluster it cannot see."""
+    from drl.agent.daemon import StartupError
+    from drl.lab.etcd import free_port
+
+    args = ["--iface", "lo", "--node-id", "a", "--listen", "127.0.0.1:7470", "--insecure", "--interval", "1s",
+            "--socket", str(tmp_path / "ctl.sock"), "--state-dir", str(tmp_path / "state"), "--global", "10mbit",
+            "--registry", f"etcd://127.0.0.1:{free_port()}", "--cluster", "t"]
+    cfg = load_config(None, up.make_context("up", args).params, {"global_Bps", "registry", "cluster"},
+                      check_host=False)
+    dp = FakeDatapath()
+    with pytest.raises(StartupError, match="etcd is unreachable .*connection refused.*knows neither its peers"):
+        agent(cfg, dp)
+    assert not dp.attached and not (tmp_path / "ctl.sock").exists()     # nothing left behind

@@ -211,6 +211,26 @@ def test_a_leaving_peer_is_gone_at_once_not_stale():
     assert m.view(1, 0.2).remote_sum == 100.0 and [r["node_id"] for r in m.status(0.2)] == ["n2"]
 
 
+def test_a_lost_peer_is_out_of_n_but_counts_while_heard_and_its_datapath_stays_reserved():
+    """Gone from the registry without leaving: cut off from etcd (still heard) or killed
+    (silent, its filter at its fail-safe rate): never more than the limit in total."""
+    m = Membership("n1", [A, B], 0.3, names={A: "n2", B: "n3"}, failsafe_s=2.0)
+    n2, n3 = Peer(A, "n2"), Peer(B, "n3")
+    m.observe(n2.rx(100.0), 0.0)
+    m.observe(n3.rx(200.0), 0.0)
+    m.set_peers({A: "n2", B: "n3"}, lost=[B])
+    assert m.n_nodes == 2
+    view = m.view(1, 0.1, safe_Bps=1000.0)                     # n3 still heard: it counts
+    assert view.members == ("n1", "n2", "n3") and view.n_alive == 2 and view.remote_sum == 300.0
+    m.observe(n2.rx(100.0), 2.9)
+    view = m.view(1, 3.0, safe_Bps=1000.0)                     # n3 silent: out of the view ...
+    assert view.members == ("n1", "n2") and view.n_alive == 1 and view.remote_sum == 100.0
+    assert view.reserved_Bps == 1000.0                         # ... its fail-safe rate reserved
+    assert [(r["node_id"], r["state"]) for r in m.status(3.0)] == [("n2", "alive"), ("n3", "lost")]
+    m.set_peers({A: "n2", B: "n3"})                            # registered again: a member
+    assert m.n_nodes == 3 and m.view(1, 1.0).members == ("n1", "n2", "n3")
+
+
 def test_a_node_id_rejoining_at_a_new_address_is_a_fresh_slot_there():
     m = Membership("n1", [A, B], 0.3, names={A: "n2", B: "n3"})
     m.observe(Peer(A, "n2").rx(100.0), 0.0)
