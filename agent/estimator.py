@@ -28,6 +28,8 @@ follows it at the demand's speed (README "TCP on veth" has the measurements).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import attrgetter, is_, is_not, mul
 from typing import Iterable, Protocol
 
 from drl.agent.model import Local, ewma as smooth
@@ -53,16 +55,20 @@ class FlowRecord(Protocol):
     last_ns: int
 
 
-@dataclass(slots=True)
-class _FlowShare:
-    bytes: int
-    share: float | None = None   # smoothed share of the class's passed bytes; None before a sample
-    samples: int = 0
-    active: bool = True
+_KEY, _LAST_NS = attrgetter("key"), attrgetter("last_ns")
+_NEW = object()          # the previous record of a flow new to us
 
 
 @dataclass
 class Estimator:
+    """Per-flow state is kept in columns (lists) in the order of the last
+    update's flow records, not an object per flow: with thousands of flows
+    the per-flow work of a tick is what the agent spends its CPU on (issue 20,
+    bench/README.md "Agent cost with many flows").  A record that is the same
+    object as the last update's at its place (Datapath.read_flows hands out
+    the same FlowSample while a flow's table entry does not change; most
+    flows are not visited by a packet between two ticks) only decays, done
+    for all of them in one pass; the others take the per-flow path."""
     ewma: float = 0.1
     flow_ewma: float = 0.8
     _last_s: float | None = None
@@ -70,28 +76,39 @@ class Estimator:
     _last_passed: int = 0
     _demand: float | None = None
     _sent: float | None = None
-    _flows: dict = field(default_factory=dict)
+    _records: list = field(default_factory=list)     # the last update's flow records, in its order
+    _shares: list = field(default_factory=list)      # per record: smoothed share of the class's passed bytes, None before a sample
+    _born: list = field(default_factory=list)        # per record: _rounds - its samples (every flow samples in a round)
+    _last_ns: list = field(default_factory=list)     # per record: its last_ns
+    _rounds: int = 0                                 # updates in which the class passed bytes: every flow took a sample
+    _youngest: int = 0                               # max(_born) or more: min(samples) = _rounds - max(_born)
+    _unsampled: bool = False                         # a share may be None (no round since the first update)
 
     def update(self, now_s: float, counters: CounterSample,
                flows: Iterable[FlowRecord] = (), now_ns: int | None = None) -> Local:
         arrived = counters.passed_bytes + counters.dropped_bytes
         if self._last_s is None or now_s <= self._last_s:
             self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
-            self._flows = {f.key: _FlowShare(f.bytes) for f in flows}
+            self._records = list({f.key: f for f in flows}.values())
+            self._shares, self._born = [None] * len(self._records), [self._rounds] * len(self._records)
+            self._last_ns = list(map(_LAST_NS, self._records))
+            self._youngest, self._unsampled = self._rounds, bool(self._records)
             return Local(demand_Bps=0.0, sent_Bps=0.0, sent_total_bytes=counters.passed_bytes)
         dt = now_s - self._last_s
         kept = kept_share(self.ewma, dt)
         passed = counters.passed_bytes - self._last_passed
         self._demand = smooth(self._demand, (arrived - self._last_arrived) / dt, kept)
         self._sent = smooth(self._sent, passed / dt, kept)
-        new_flows = self._update_flows(flows, dt, passed, now_ns)
+        new_flows = self._update_flows(flows if isinstance(flows, list) else list(flows), dt, passed, now_ns)
         self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
-        rates = [f.share * self._sent for f in self._flows.values() if f.active and f.share]
+        active = self._shares if now_ns is None else compress(self._shares, map((now_ns - _idle_ns(dt)).__le__,
+                                                                                  self._last_ns))
+        rates = list(map(mul, filter(None, active), repeat(self._sent)))     # active flows with a share
         rates.sort(reverse=True)
         return Local(demand_Bps=self._demand, sent_Bps=self._sent, flow_rates_Bps=tuple(rates),
                      new_flows=new_flows, sent_total_bytes=counters.passed_bytes)
 
-    def _update_flows(self, flows: Iterable[FlowRecord], dt: float, passed: int, now_ns: int | None) -> int:
+    def _update_flows(self, flows: list, dt: float, passed: int, now_ns: int | None) -> int:
         """Smooth every flow's share of the bytes its class passed (module
         docstring); returns how many flows are new.
 
@@ -102,27 +119,78 @@ class Estimator:
         (its bytes over a few ms) would otherwise start at many times the
         limit, and FPS would divide the limit by that rate and starve the
         newcomer (a CI run measured 1.2 of 4 Mbit/s in a new limiter's third
-        second).
+        second).  A flow the table did not update since the last interval
+        (the same record) has a sample of 0: its share decays.
         """
         kept = kept_share(self.flow_ewma, dt)
-        idle_ns = int(max(IDLE_INTERVALS * dt, IDLE_MIN_S) * 1e9)
-        seen: dict = {}
+        prev, shares_before, born, last_ns, changed = self._align(flows)
+        rounds_before = self._rounds
+        shares = shares_before
+        if passed > 0:     # a round: every flow takes a sample; the unchanged ones 0
+            mature = _mature(kept)
+            if not self._unsampled and rounds_before - self._youngest >= mature:
+                shares = list(map(mul, shares, repeat(kept)))     # smooth(s, 0.0, kept), exactly
+            else:
+                shares = [0.0 if s is None else s * kept if rounds_before - b >= mature else
+                          smooth(s, 0.0, min(kept, (rounds_before - b) / (rounds_before - b + 1)))
+                          for s, b in zip(shares, born)]
+            self._rounds, self._unsampled = rounds_before + 1, False
         new = 0
-        for f in flows:
-            flow = self._flows.get(f.key)
-            if flow is None:
+        for i in changed:
+            f, before = flows[i], prev[i]
+            if before is _NEW:
                 new += 1
                 # A flow new to us: its bytes since it entered the flow table against the class's rate.
                 span = dt if now_ns is None else max((now_ns - f.first_ns) / 1e9, 1e-3)
-                flow, sample = _FlowShare(f.bytes), (f.bytes / span / self._sent if self._sent else 1.0)
+                share, n, sample = None, 0, (f.bytes / span / self._sent if self._sent else 1.0)
             else:
-                sample = (f.bytes - flow.bytes) / passed if passed > 0 else None
+                share, n = shares_before[i], rounds_before - born[i]
+                sample = (f.bytes - before.bytes) / passed if passed > 0 else None
             if sample is not None:
-                n = flow.samples
-                flow.share = smooth(flow.share, min(1.0, max(0.0, sample)), min(kept, n / (n + 1)))
-                flow.samples = n + 1
-            flow.bytes = f.bytes
-            flow.active = now_ns is None or now_ns - f.last_ns <= idle_ns
-            seen[f.key] = flow
-        self._flows = seen
+                share = smooth(share, min(1.0, max(0.0, sample)), min(kept, n / (n + 1)))
+                n += 1
+            # (read above: in place is safe)
+            shares[i], born[i], last_ns[i] = share, self._rounds - n, f.last_ns
+            if self._rounds - n > self._youngest:
+                self._youngest = self._rounds - n
+        self._records, self._shares, self._born, self._last_ns = flows, shares, born, last_ns
         return new
+
+    def _align(self, flows: list) -> tuple[list, list, list, list, list]:
+        """The last update's record, share, _born and last_ns of each flow in ``flows``, in
+        its order (_NEW, 0.0, _rounds, 0 for a flow new to us; the columns are this
+        update's to change), and the places whose record is not the last update's.  When
+        the flows come in the same order as last time (the flow table's batch order is
+        stable while no flow enters or leaves) the columns are taken as they are; else
+        each flow is found by its record, or by its key."""
+        old = self._records
+        changed = list(compress(range(len(flows)), map(is_not, flows, old)))
+        if len(flows) == len(old) and all(flows[i].key == old[i].key for i in changed):
+            return old, self._shares, self._born, self._last_ns, changed
+        # A record handed out again (read_flows does so for an entry that did not change) is
+        # found by its identity, an int hash; only the others by key, a tuple hash each.
+        at = list(map(dict(zip(map(id, old), range(len(old)))).get, map(id, flows), repeat(None)))
+        missing = list(compress(range(len(flows)), map(is_, at, repeat(None))))
+        if missing:
+            index = {old[j].key: j for j in set(range(len(old))).difference(at)}
+            for i in missing:
+                at[i] = index.pop(flows[i].key, len(old))
+        prev = list(map([*old, _NEW].__getitem__, at))
+        born = list(map([*self._born, self._rounds].__getitem__, at))
+        self._youngest = max(born, default=self._rounds)
+        return (prev, list(map([*self._shares, 0.0].__getitem__, at)), born,
+                list(map([*self._last_ns, 0].__getitem__, at)), list(compress(range(len(flows)), map(is_not, flows, prev))))
+
+
+def _idle_ns(dt: float) -> int:
+    return int(max(IDLE_INTERVALS * dt, IDLE_MIN_S) * 1e9)
+
+
+def _mature(kept: float) -> float:
+    """The fewest samples n with n / (n + 1) >= kept: from there a flow's weight is ``kept``."""
+    if kept >= 1.0:
+        return float("inf")
+    n = max(0, int(kept / (1.0 - kept)) - 2)
+    while n / (n + 1) < kept:
+        n += 1
+    return n

@@ -59,3 +59,49 @@ def test_line_rate_flows_are_estimated_within_a_few_percent(net, server, datapat
     sent = sorted(b * FRAME for b in result.stream_bytes)
     assert len(counted) == 8 and all(within(c, s, 0.10) for c, s in zip(counted, sent)), (counted, sent)
     assert within(sum(counted), sum(sent), 0.03), (sum(counted), sum(sent))
+
+
+def test_read_flows_follows_the_table_and_keeps_unchanged_samples(net, datapath):
+    """read_flows (agent/datapath.py _FlowReader) remakes a FlowSample only for an entry
+    whose value changed, matching entries by place or, when flows entered or left, by key:
+    whatever the table went through, it reads what items() reads, and an entry nothing
+    touched is the same object as before (the estimator's cheap path)."""
+    import random
+
+    from drl.agent.datapath import FlowKey, _encode_key
+
+    dp = datapath(max_flows=1024)
+    table = dp._bpf[b"flows"]
+    rng = random.Random(3)
+    now = 1_000
+
+    def key(port: int):
+        return _encode_key(table.Key(), FlowKey(4, 17, "10.0.0.1", "10.0.0.2", 1000, port))
+
+    def put(port: int, nbytes: int, first: int, last: int, class_id: int) -> None:
+        value = table.Leaf()
+        value.bytes, value.packets, value.first_ns, value.last_ns, value.class_id = nbytes, nbytes // 100, first, last, class_id
+        table[key(port)] = value
+
+    def as_read() -> dict:
+        return {(k.sport, k.dport): (v.class_id, v.bytes, v.packets, v.first_ns, v.last_ns) for k, v in table.items()}
+
+    for port in range(300):
+        put(port, 0, now, now, 0)
+    for _ in range(40):
+        now += rng.choice([0, 4_000_000])        # a visit may fall in the coarse clock's same tick
+        for port in rng.sample(range(400), 60):
+            try:
+                old = table[key(port)]
+            except KeyError:
+                put(port, 100, now, now, rng.randrange(2))         # a flow enters
+                continue
+            if rng.random() < 0.1:
+                del table[key(port)]                                # leaves (evicted)
+            else:
+                put(port, old.bytes + rng.choice([0, 100]), old.first_ns, now, old.class_id)    # a visit
+        flows = dp.read_flows()
+        assert {(f.key.sport, f.key.dport): (f.class_id, f.bytes, f.packets, f.first_ns, f.last_ns)
+                for f in flows} == as_read()
+        again = dp.read_flows()
+        assert len(again) == len(flows) and all(a is b for a, b in zip(again, flows))

@@ -106,3 +106,87 @@ def test_a_lone_flow_follows_its_class_at_the_demands_speed():
         sent += 10_000 if tick < 100 else 20_000
         local = est.update(now, Counters(sent), [flow(1, sent, 0.0, now)], now_ns=int(now * S))
     assert local.sent_Bps > 390_000 and local.flow_rates_Bps == pytest.approx((local.sent_Bps,))
+
+
+def test_columns_match_a_flow_by_flow_reference():
+    """The column form (agent/estimator.py) gives what the plain per-flow loop it replaced
+    gave (reference below, the code before issue 20), on random tables: flows entering,
+    leaving, reordered, touched or not, the same record object handed out again."""
+    import random
+
+    rng = random.Random(20)
+    for run in range(30):
+        est, ref = Estimator(ewma=0.1, flow_ewma=rng.choice([0.0, 0.5, 0.8])), _Reference(0.1, 0.8)
+        ref.flow_ewma = est.flow_ewma
+        table: dict[int, FlowSample] = {}
+        now, passed = 1.0, 0
+        for tick in range(60):
+            now += rng.choice([0.05, 0.1, 0.1, 0.3])
+            for port in rng.sample(range(200), rng.randrange(0, 30)):
+                nbytes = rng.choice([0, 500, 20_000])
+                old = table.get(port)
+                if old is None:
+                    table[port] = flow(port, nbytes, now - 0.01, now)
+                elif rng.random() < 0.1:
+                    del table[port]
+                else:
+                    table[port] = flow(port, old.bytes + nbytes, old.first_ns / S, now)
+                passed += nbytes
+            flows = list(table.values())
+            if rng.random() < 0.2:
+                rng.shuffle(flows)
+            counters = Counters(passed, 0, rng.randrange(0, 1000) * tick)
+            ns = int(now * S) if run % 3 else None
+            got, want = est.update(now, counters, flows, ns), ref.update(now, counters, flows, ns)
+            assert got.flow_rates_Bps == pytest.approx(want.flow_rates_Bps, rel=1e-12)
+            assert (got.new_flows, got.demand_Bps, got.sent_Bps) == (want.new_flows, want.demand_Bps, want.sent_Bps)
+
+
+class _Reference:
+    """agent/estimator.py's flow loop before the column form (commit 5122534)."""
+
+    def __init__(self, ewma: float, flow_ewma: float):
+        from drl.agent.allocators.common import kept_share
+        from drl.agent.model import ewma as smooth
+        self.kept_share, self.smooth = kept_share, smooth
+        self.ewma, self.flow_ewma = ewma, flow_ewma
+        self.last_s = self.demand = self.sent = None
+        self.last_arrived = self.last_passed = 0
+        self.flows: dict = {}
+
+    def update(self, now_s, counters, flows, now_ns):
+        from drl.agent.estimator import IDLE_INTERVALS, IDLE_MIN_S
+        from drl.agent.model import Local
+        arrived = counters.passed_bytes + counters.dropped_bytes
+        if self.last_s is None or now_s <= self.last_s:
+            self.last_s, self.last_arrived, self.last_passed = now_s, arrived, counters.passed_bytes
+            self.flows = {f.key: [f.bytes, None, 0, True] for f in flows}
+            return Local(demand_Bps=0.0, sent_Bps=0.0, sent_total_bytes=counters.passed_bytes)
+        dt = now_s - self.last_s
+        kept = self.kept_share(self.ewma, dt)
+        passed = counters.passed_bytes - self.last_passed
+        self.demand = self.smooth(self.demand, (arrived - self.last_arrived) / dt, kept)
+        self.sent = self.smooth(self.sent, passed / dt, kept)
+        kept = self.kept_share(self.flow_ewma, dt)
+        idle_ns = int(max(IDLE_INTERVALS * dt, IDLE_MIN_S) * 1e9)
+        seen, new = {}, 0
+        for f in flows:
+            flow = self.flows.get(f.key)       # [bytes, share, samples, active]
+            if flow is None:
+                new += 1
+                span = dt if now_ns is None else max((now_ns - f.first_ns) / 1e9, 1e-3)
+                flow, sample = [f.bytes, None, 0, True], (f.bytes / span / self.sent if self.sent else 1.0)
+            else:
+                sample = (f.bytes - flow[0]) / passed if passed > 0 else None
+            if sample is not None:
+                n = flow[2]
+                flow[1] = self.smooth(flow[1], min(1.0, max(0.0, sample)), min(kept, n / (n + 1)))
+                flow[2] = n + 1
+            flow[0] = f.bytes
+            flow[3] = now_ns is None or now_ns - f.last_ns <= idle_ns
+            seen[f.key] = flow
+        self.flows = seen
+        self.last_s, self.last_arrived, self.last_passed = now_s, arrived, counters.passed_bytes
+        rates = sorted((f[1] * self.sent for f in self.flows.values() if f[3] and f[1]), reverse=True)
+        return Local(demand_Bps=self.demand, sent_Bps=self.sent, flow_rates_Bps=tuple(rates),
+                     new_flows=new, sent_total_bytes=counters.passed_bytes)
