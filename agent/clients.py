@@ -167,6 +167,14 @@ class Threshold:
         return self.text
 
 
+def _unit(parse, value: str, text: str):
+    """``parse(value)`` (agent/units.py), its UnitError as the threshold's one line."""
+    try:
+        return parse(value)
+    except units.UnitError as e:
+        raise ClientRuleError(f"threshold {text!r}: {e}") from None
+
+
 def parse_threshold(text: str) -> Threshold:
     """``2mbit`` (a rate of bytes), ``250KB/1s`` (bytes per window) or ``2000/1200s`` (a count
     per window; ``2000/1s`` is a rate of 2,000 a second).  The measure is checked by client_rule."""
@@ -174,20 +182,14 @@ def parse_threshold(text: str) -> Threshold:
     amount = amount.strip()
     if not sep:
         return _rate_threshold(text, amount)
-    try:
-        window_s = units.parse_duration(window)
-    except units.UnitError as e:
-        raise ClientRuleError(f"threshold {text!r}: {e}") from None
+    window_s = _unit(units.parse_duration, window, text)
     if window_s <= 0:
         raise ClientRuleError(f"threshold {text!r}: the window must be longer than 0")
     if re.fullmatch(r"[0-9]*\.?[0-9]+", amount):
         if not amount.isdigit() or int(amount) == 0:
             raise ClientRuleError(f"threshold {text!r}: the count must be a whole number above 0")
         return Threshold(float(amount), window_s, "count", text.strip())
-    try:
-        size = units.parse_size(amount)
-    except units.UnitError as e:
-        raise ClientRuleError(f"threshold {text!r}: {e}") from None
+    size = _unit(units.parse_size, amount, text)
     if size <= 0:
         raise ClientRuleError(f"threshold {text!r}: the size must be above 0")
     return Threshold(float(size), window_s, "size", text.strip())
@@ -196,10 +198,7 @@ def parse_threshold(text: str) -> Threshold:
 def _rate_threshold(text: str, amount: str) -> Threshold:
     if re.fullmatch(r"[0-9]*\.?[0-9]+", amount):
         raise ClientRuleError(f"threshold {text!r}: give a rate ('2mbit') or COUNT/WINDOW ('2000/1200s')")
-    try:
-        rate_Bps = units.parse_rate(amount)
-    except units.UnitError as e:
-        raise ClientRuleError(f"threshold {text!r}: {e}") from None
+    rate_Bps = _unit(units.parse_rate, amount, text)
     if rate_Bps <= 0:
         raise ClientRuleError(f"threshold {text!r}: the rate must be above 0")
     return Threshold(rate_Bps * RATE_WINDOW_s, RATE_WINDOW_s, "rate", text.strip())

@@ -411,8 +411,8 @@ class Agent:
         self._registry_up = view.reachable
         if not view.reachable:
             if not cfg.peers or not cfg.classes:
-                raise RegistryError(f"etcd is unreachable ({view.error}): without it this agent knows neither "
-                                    f"its peers nor, if it has none of its own, its classes")
+                raise RegistryError(f"no view of the cluster from etcd ({view.error}): without it this agent "
+                                    f"knows neither its peers nor, if it has none of its own, its classes")
             log.warning("registry", state="unreachable", error=view.error)
             return cfg.classes
         self._follow_members(view)

@@ -129,12 +129,12 @@ class Gateway:
         kvs = self.call("kv/range", {"key": _b64(key)}).get("kvs", [])
         return (_unb64(kvs[0].get("value")), int(kvs[0].get("mod_revision", 0))) if kvs else None
 
-    def put_if(self, key: str, value: bytes, mod_revision: int) -> bool:
+    def put_if(self, key: str, value: bytes, mod_revision: int, lease: int = 0) -> bool:
         """Put ``key`` only if its mod_revision is still ``mod_revision`` (0: it does not exist):
         one transaction, so of two agents racing exactly one wins."""
         compare = {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": mod_revision}
-        reply = self.call("kv/txn", {"compare": [compare],
-                                     "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}]})
+        put = {"key": _b64(key), "value": _b64(value), "lease": lease}
+        reply = self.call("kv/txn", {"compare": [compare], "success": [{"request_put": put}]})
         return bool(reply.get("succeeded"))
 
     def range_prefix(self, prefix: str) -> tuple[int, dict[str, bytes]]:

@@ -31,6 +31,10 @@ CALL_TIMEOUT_S = 1.0        # one request; a hung etcd counts as unreachable aft
 BACKOFF_S = (0.1, 1.0)      # first and longest wait between attempts
 
 
+class IdTaken(EtcdError):
+    """Our node id is another live agent's (its key, another address)."""
+
+
 class RegistryError(Exception):
     """A bad --registry/--cluster, unreadable TLS files, or (import) etcd unreachable; one line."""
 
@@ -243,10 +247,21 @@ class Registry:
             self._close_watch()
 
     def _register(self, gw: Gateway) -> None:
-        """Our key, bound to a lease: the old one if it still lives (a short outage), else a new one."""
+        """Our key, bound to a lease: the old one if it still lives (a short outage), else a new
+        one.  Created only if absent, or ours (same gossip address: a previous life of this
+        agent); another agent's is an IdTaken, retried like an outage: two agents under one
+        id would each count the other's share as their own."""
         if not (self._lease and gw.keepalive(self._lease) > 0):
             self._lease = gw.grant(self.cfg.ttl_s)
-        gw.put(self._member_key(self.node_id), self._me, self._lease)
+        key = self._member_key(self.node_id)
+        if gw.put_if(key, self._me, 0, self._lease):
+            return
+        found = gw.get(key)
+        theirs = json.loads(found[0]).get("addr") if found else None
+        if theirs is not None and theirs != json.loads(self._me)["addr"]:
+            raise IdTaken(f"node id {self.node_id!r} is registered by another agent at {theirs}: "
+                          "give each agent its own --node-id")
+        gw.put(key, self._me, self._lease)
 
     def _keep_alive(self, gw: Gateway) -> None:
         """Renew the lease, write what put_class leaves, until the watch or a call fails (or close())."""

@@ -227,3 +227,17 @@ def test_founders_are_the_first_agents_members_and_the_same_for_everyone(registr
     wait(lambda: set(c.view().members) == {"c"}, 2.0)
     assert c.founders("gold", ("c",)) == ("c",)
     assert "genesis" not in " ".join(c.view().bad_keys)
+
+
+def test_a_node_id_taken_by_another_agent_is_refused_and_a_previous_life_is_not(etcd, registries):
+    a = registries("a")
+    wait(lambda: "a" in a.view().members, 2.0)
+    twin = registries("a")                       # the fixture gives it another gossip address
+    wait(lambda: "registered by another agent at 10.0.0.1:7470" in twin.view().error, 3.0)
+    assert not twin.view().reachable and a.view().members["a"].addr == ("10.0.0.1", 7470)
+    again = Registry(RegistryConfig(etcd.endpoints, registries.cluster), "a", ("10.0.0.1", 7470), 2)
+    try:                                         # the same agent restarted before its lease ran out
+        again.start()
+        wait(lambda: again.view().reachable and again.view().members["a"].incarnation == 2, 3.0)
+    finally:
+        again.close()

@@ -3,8 +3,6 @@ watch, agent/membership.py) and ``ViewTable.leave``/``join`` (sim/views.py).  Fe
 same datagrams and the same member changes, both show node ``a`` the same view."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from drl.agent.gossip import Received
@@ -12,6 +10,8 @@ from drl.agent.membership import Membership, liveness_timeout
 from drl.agent.wire import Batch, ClassValue, Header
 from drl.sim.network import Updates
 from drl.sim.views import ViewTable
+
+from test_stale_rule import summary      # one view summary for both comparisons
 
 IDS = ("a", "b", "c", "d", "e")          # e is not a member at first
 INTERVAL_S = 0.125
@@ -60,12 +60,6 @@ class Both:
 
     def views(self, t: int):
         return self.members.view(0, t * INTERVAL_S), self.table.view(0, t)
-
-
-def summary(view) -> dict:
-    return {"members": tuple(view.members), "n_alive": view.n_alive, "remote_sum": view.remote_sum,
-            "peers": {p: (s.value, s.alive, s.age_s if math.isfinite(s.age_s) else "never")
-                      for p, s in sorted(view.peers.items())}}
 
 
 def test_leave_and_join_agree_with_membership_at_every_tick():
