@@ -283,7 +283,7 @@ class Registry:
         with self._lock:
             pending = dict(self._pending)
         for name, table in pending.items():
-            gw.put(self.cfg.prefix + "classes/" + name, json.dumps(table, sort_keys=True).encode())
+            _put_class(gw, self.cfg.prefix, table)
             with self._lock:
                 if self._pending.get(name) is table:
                     del self._pending[name]
@@ -379,6 +379,11 @@ def _registered(gw: Gateway, prefix: str) -> set[str]:
     return {key.rsplit("/", 1)[1] for key in kvs}
 
 
+def _put_class(gw: Gateway, prefix: str, table: dict) -> None:
+    """A [[class]] table under classes/<its name>, as JSON."""
+    gw.put(prefix + "classes/" + table["name"], json.dumps(table, sort_keys=True).encode())
+
+
 def import_classes(cfg: RegistryConfig, tables: list[dict]) -> int:
     """Write each [[class]] table to etcd (replacing a class of the same name); how many.
     Raises RegistryError when no endpoint takes them."""
@@ -386,7 +391,7 @@ def import_classes(cfg: RegistryConfig, tables: list[dict]) -> int:
     for gw in cfg.gateways():
         try:
             for table in tables:
-                gw.put(cfg.prefix + "classes/" + table["name"], json.dumps(table, sort_keys=True).encode())
+                _put_class(gw, cfg.prefix, table)
             return len(tables)
         except EtcdError as e:
             errors.append(str(e))

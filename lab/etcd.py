@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from drl.agent.peers import format_addr
 from drl.lab.errors import LabError
 from drl.lab.netns import Host, stop
 
@@ -64,8 +65,7 @@ class Etcd:
     @property
     def url(self) -> str:
         """The --registry value that reaches this server."""
-        host = f"[{self.addr}]" if ":" in self.addr else self.addr
-        return f"etcd://{host}:{self.port}"
+        return f"etcd://{format_addr((self.addr, self.port))}"
 
     def __enter__(self) -> "Etcd":
         try:
@@ -79,9 +79,9 @@ class Etcd:
         self.close()
 
     def argv(self) -> list[str]:
-        host = f"[{self.addr}]" if ":" in self.addr else self.addr
         scheme = "https" if self.tls else "http"
-        client, peer = f"{scheme}://{host}:{self.port}", f"http://{host}:{self.peer_port}"
+        client = f"{scheme}://{format_addr((self.addr, self.port))}"
+        peer = f"http://{format_addr((self.addr, self.peer_port))}"
         argv = [ETCD, "--name", "drl", "--data-dir", str(self.dir / "data"), "--logger", "zap",
                 "--log-outputs", "stderr", "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,

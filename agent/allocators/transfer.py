@@ -279,6 +279,11 @@ def share(total: int, genesis: tuple[str, ...], node_id: str) -> int:
     return base + (1 if genesis.index(node_id) < extra else 0)
 
 
+def _shares(total: int, genesis: tuple[str, ...], members: Iterable[str]) -> int:
+    """The genesis shares of ``members``, added up."""
+    return sum(share(total, genesis, m) for m in members)
+
+
 def predecessors(genesis: tuple[str, ...], node_id: str) -> Iterator[str]:
     """The members before ``node_id`` in ring order, nearest first (lazily: the
     callers stop at the first one up).  A member's best friend, which holds its
@@ -354,7 +359,7 @@ def claim_endowments(led: Ledger, node_id: str, genesis: tuple[str, ...], total:
     gained = set(run) - led.claimed - led.elsewhere
     if not gained:
         return led
-    extra = sum(share(total, genesis, d) for d in gained)
+    extra = _shares(total, genesis, gained)
     return dataclasses.replace(led, holding=led.holding + extra, claimed=led.claimed | gained)
 
 
@@ -367,7 +372,7 @@ def bundle(led: Ledger, genesis: tuple[str, ...], peer: str, view: PeerView, dea
 
 def owed_amount(led: Ledger, genesis: tuple[str, ...], total: int, view: PeerView, dead_after_s: float) -> int:
     """The returns we owe and have not paid yet (set aside from the holding)."""
-    return sum(share(total, genesis, m) for p in led.owed for m in bundle(led, genesis, p, view, dead_after_s))
+    return sum(_shares(total, genesis, bundle(led, genesis, p, view, dead_after_s)) for p in led.owed)
 
 
 def return_endowments(led: Ledger, genesis: tuple[str, ...], total: int, view: PeerView, back: Iterable[str],
@@ -380,7 +385,7 @@ def return_endowments(led: Ledger, genesis: tuple[str, ...], total: int, view: P
     out = []
     for peer in sorted(owed):
         given = bundle(led, genesis, peer, view, dead_after_s)
-        amount = sum(share(total, genesis, m) for m in given)
+        amount = _shares(total, genesis, given)
         if led.holding < amount:
             continue
         led = dataclasses.replace(led, holding=led.holding - amount, claimed=led.claimed - given)
