@@ -71,8 +71,10 @@ def test_read_flows_follows_the_table_and_keeps_unchanged_samples(net, datapath)
     from drl.agent.datapath import FlowKey, _encode_key
 
     dp = datapath(max_flows=1024)
-    dp.detach()       # the table changes by the test's writes only (the namespace's own IPv6
-    table = dp._bpf[b"flows"]     # neighbour discovery entered it between two reads in a CI run)
+    # detached: the table changes by the test's writes only (the namespace's own IPv6
+    # neighbour discovery entered it between two reads in a full run: 370 flows, then 369)
+    dp.detach()
+    table = dp._bpf[b"flows"]
     rng = random.Random(3)
     now = 1_000
 
