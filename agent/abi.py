@@ -6,9 +6,20 @@ never disagree with what Python writes into the maps.
 """
 from __future__ import annotations
 
-# Map sizes (defaults; MAX_FLOWS and MAX_CLASSES are load-time choices of the agent).
+# Map sizes (defaults; MAX_FLOWS, MAX_CLASSES and MAX_CLIENTS are load-time choices of the agent).
 MAX_FLOWS = 4096
 MAX_CLASSES = 4096
+# Per-client state (bpf/limiter.c, "Clients"): MAX_CLIENTS sliding windows in the
+# client_windows LRU map, which preallocates (an LRU cannot be BPF_F_NO_PREALLOC): ~16 MiB of
+# kernel memory at 131,072 (bench/README.md, "Per-client accounting").  Heavy clients
+# (client_heavy: flagged by the program, drained by the agent every tick), throttled and
+# banned clients (client_limits, client_bans) and exempt prefixes (client_exempt) are few and
+# take memory only for what they hold (BPF_F_NO_PREALLOC).
+MAX_CLIENTS = 131072
+MAX_CLIENT_HEAVY = 16384
+MAX_CLIENT_LIMITS = 16384
+MAX_CLIENT_BANS = 16384
+MAX_CLIENT_EXEMPT = 1024
 # Entries of each classification map (dst_nets, src_nets, marks): twice the
 # classes, so that Datapath.set_rules can write a whole new rule set before
 # it deletes the old one.
@@ -64,6 +75,23 @@ CLOCK_COARSE = 1
 # attribute its cost (limiter.c SKIP_*: 1 flow table, 2 police, 4 clock).  0 in the agent.
 BENCH_SKIP = 0
 
+# A class's client rule (limiter.h class_config.client_*; agent/clients.py ClientRule):
+# which address is the client (0: the class has no client rule), what its bucket counts,
+# and which per-client maps the program looks in for the class.
+CLIENT_SIDES = {"dst": 1, "src": 2}
+MEASURES = {"bytes": 0, "packets": 1, "conns": 2}
+CLIENT_HAS_LIMITS = 1
+CLIENT_HAS_BANS = 2
+CLIENT_HAS_EXEMPT = 4
+# The dearest price a client bucket's unit may have, so that units x price stays within 64
+# bits (limiter.c cost_ns): bytes as for a class (MAX_NS_PER_BYTE); packets are charged
+# gso_segs (< 2^16) each, so at least ~0.23 packets/s; a connection is charged one unit, and
+# costs at most MAX_DEPTH_NS (~18 min), the most a bucket's time can hold.
+# The longest sliding window a client rule may have in the kernel (limiter.c sliding: the
+# weight (W - into) << 16 stays within 64 bits): 2^47 ns, 39 hours.
+MAX_CLIENT_WINDOW_NS = 1 << 47
+MAX_NS_PER_UNIT = {"bytes": MAX_NS_PER_BYTE, "packets": 1 << 48, "conns": MAX_DEPTH_NS << NS_FRAC_BITS}
+
 # Class modes (agent/model.py Mode).
 MODE_PASS = 0
 MODE_BUCKET = 1
@@ -75,9 +103,16 @@ DROP_ACTIONS = {"shot": 2, "stolen": 4}   # TC_ACT_SHOT, TC_ACT_STOLEN
 
 def cflags(**sizes: int) -> list[str]:
     """``-DNAME=value`` for every shared constant; ``sizes`` overrides the map sizes
-    (e.g. ``MAX_CLASSES=256``; MAX_KEYS follows it) and adds load-time choices such as
+    (e.g. ``MAX_CLASSES=256``; MAX_KEYS follows it; ``MAX_CLIENTS``) and adds load-time choices such as
     ``DROP_ACTION``."""
     values = {"MAX_FLOWS": MAX_FLOWS, "MAX_CLASSES": MAX_CLASSES, "RULES_PER_KEY": RULES_PER_KEY,
+              "MAX_CLIENTS": MAX_CLIENTS, "MAX_CLIENT_LIMITS": MAX_CLIENT_LIMITS,
+              "MAX_CLIENT_BANS": MAX_CLIENT_BANS, "MAX_CLIENT_EXEMPT": MAX_CLIENT_EXEMPT,
+              "MAX_CLIENT_HEAVY": MAX_CLIENT_HEAVY,
+              "CLIENT_DST": CLIENT_SIDES["dst"], "CLIENT_SRC": CLIENT_SIDES["src"],
+              "MEASURE_BYTES": MEASURES["bytes"], "MEASURE_PACKETS": MEASURES["packets"],
+              "MEASURE_CONNS": MEASURES["conns"], "CLIENT_HAS_LIMITS": CLIENT_HAS_LIMITS,
+              "CLIENT_HAS_BANS": CLIENT_HAS_BANS, "CLIENT_HAS_EXEMPT": CLIENT_HAS_EXEMPT,
               "MAX_MARK_MASKS": MAX_MARK_MASKS,
               "MAX_PREFIX_LENGTHS": MAX_PREFIX_LENGTHS,
               "PROB_ONE": f"{PROB_ONE}ULL", "UNLIMITED": f"{UNLIMITED}ULL",

@@ -12,8 +12,15 @@ more than the rate); a packet of ``len`` bytes costs
 price, worked out with the same shift, so the C side and this one agree to
 the nanosecond.  tests/unit/test_bucket_model.py checks the arithmetic
 against a reference token bucket.
+
+A throttled client's bucket (``Datapath.set_client_limits``) is the same in
+its rule's unit, bytes, packets or connections, at a rate that may be below
+one a second (``unit_times``).
 """
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 from drl.agent import abi
 
@@ -40,3 +47,13 @@ def bucket_times(rate_Bps: float, burst_bytes: int) -> tuple[int, int]:
     """(ns_per_byte, depth_ns) for class_config; depth capped at MAX_DEPTH_NS (~18 min)."""
     per_byte = ns_per_byte(rate_Bps)
     return per_byte, min(abi.MAX_DEPTH_NS, cost_ns(int(burst_bytes), per_byte))
+
+
+def unit_times(rate: float, depth_units: float, max_price: int) -> tuple[int, int]:
+    """(ns_per_unit, depth_ns) for a client bucket (limiter.h client_bucket): bucket_times for
+    a rate in units/s that may be a fraction (0.5 connections a second), rounded up exactly, the
+    price capped at ``max_price`` (abi.MAX_NS_PER_UNIT of the measure); rate 0: price 0."""
+    if rate <= 0:
+        return 0, 0
+    price = min(max_price, math.ceil(Fraction(NS_PER_S << abi.NS_FRAC_BITS) / Fraction(rate)))
+    return price, min(abi.MAX_DEPTH_NS, cost_ns(math.ceil(depth_units), price))

@@ -463,6 +463,8 @@ class ClientTick:
     bans: Mapping[Client, float]        # banned clients -> until_s (the caller's clock)
     issued: tuple[Client, ...]          # bans this host issued on this tick
     report: ClientReport                # to gossip to every alive peer
+    resets: frozenset[Client] = frozenset()   # clients whose count starts over (bans, unbans) since the last tick
+    line: float = 0.0                   # the reporting line: a client counted at or above it is heavy
 
 
 @dataclass(frozen=True)
@@ -527,27 +529,54 @@ class ClientTable:
         self._remote: dict[Client, float] = {}
         self._seen: dict[Client, list[str]] = {}
         self._shares: dict[Client, float] = {}
+        self._resets: set[Client] = set()
 
     # -- input
 
     def tick(self, now_s: float, deltas: Mapping[Client, float], n_hosts: int) -> ClientTick:
-        """One interval: ``deltas`` are this host's counts per client since the previous tick;
-        ``n_hosts`` the alive hosts, this one included."""
+        """One interval, the sliding windows kept here (a simulator, the tests): ``deltas`` are
+        this host's counts per client since the previous tick; ``n_hosts`` the alive hosts, this
+        one included."""
         self._expire(now_s)
         counted = self._countable(deltas, now_s)
         self._windows.add(now_s, counted)
         self._sum_peers(now_s)
-        line = REPORT_FRACTION * self.rule.limit / max(1, n_hosts)
-        heavy = self._windows.counts(now_s, self._watched(counted, n_hosts), at_least=line)
-        # The kernel never counts an exempt address; deltas from elsewhere (a simulator) may hold
+        heavy = self._windows.counts(now_s, self._watched(counted, n_hosts), at_least=self.line(n_hosts))
+        rest = self._windows.counts(now_s, (set(self._remote) | self._limited) - heavy.keys())
+        return self._tick(now_s, {**rest, **heavy}, n_hosts)
+
+    def tick_counts(self, now_s: float, counts: Mapping[Client, float], n_hosts: int) -> ClientTick:
+        """One interval, the sliding windows kept elsewhere (the kernel, bpf/limiter.c): ``counts``
+        are this host's sliding counts now, of at least the clients :meth:`wanted` names and every
+        client newly at or above :meth:`line`; the agent's work grows with those, not with all
+        the clients the kernel counts."""
+        self._expire(now_s)
+        self._sum_peers(now_s)
+        return self._tick(now_s, {c: v for c, v in counts.items() if v > 0 and not self._banned(c, now_s)},
+                          n_hosts)
+
+    def line(self, n_hosts: int) -> float:
+        """The reporting line: half a fair share of the threshold (REPORT_FRACTION / N)."""
+        return REPORT_FRACTION * self.rule.limit / max(1, n_hosts)
+
+    def wanted(self) -> set[Client]:
+        """The clients whose counts the next :meth:`tick_counts` needs besides the newly heavy
+        ones: counted last tick (until they fade to 0: the kernel flags a client once per window),
+        reported by a peer, or throttled."""
+        return set(self._local).union(self._remote, self._limited)
+
+    def _tick(self, now_s: float, local: dict[Client, float], n_hosts: int) -> ClientTick:
+        """Decide on this host's counts now: heavy ones, and those of peers' clients and throttled."""
+        line = self.line(n_hosts)
+        # The kernel never counts an exempt address; counts from elsewhere (a simulator) may hold
         # one: it is counted but never reported or limited, and checked here, on the few.
-        self._heavy = {c for c in heavy if not self.rule.is_exempt(c)}
-        self._local = {**self._windows.counts(now_s, (set(self._remote) | self._limited) - self._heavy),
-                       **{c: heavy[c] for c in self._heavy}}
+        self._heavy = {c for c, v in local.items() if v >= line and not self.rule.is_exempt(c)}
+        self._local = local
         self._tick_s = now_s
         issued = self._decide(now_s, n_hosts)
         bans = {c: b.until_s for c, b in self._bans.items() if b.in_force(now_s)}
-        return ClientTick(dict(self._shares), bans, tuple(issued), self._report(now_s))
+        resets, self._resets = frozenset(self._resets), set()
+        return ClientTick(dict(self._shares), bans, tuple(issued), self._report(now_s), resets, line)
 
     def receive(self, peer: str, report: ClientReport, now_s: float) -> int:
         """A peer's report replaces its previous one; returns how many entries were ignored (all of
@@ -583,11 +612,17 @@ class ClientTable:
         banned = sorted((ClientRow(network(c), 0.0, 0.0, "banned", banned_until_s=b.until_s)
                          for c, b in self._bans.items() if b.in_force(now_s)),
                         key=lambda r: (r.client.version, r.client))
-        local = self._windows.counts(self._tick_s)                  # every client: drlctl asks rarely
+        local = {**self._local, **self._windows.counts(self._tick_s)}   # every client: drlctl asks rarely
         counted = {c for c in local if not self.rule.is_exempt(c)} | set(self._remote) | self._limited
         top = sorted(counted, key=lambda c: (-local.get(c, 0.0) - self._remote.get(c, 0.0), len(c), c))
         rows = banned + [self._row(c, local.get(c, 0.0)) for c in top]
         return rows if limit is None else rows[:limit]
+
+    def summary(self, now_s: float) -> dict[str, int]:
+        """For the class's status: clients counted (in the windows here, or the kernel's that the
+        last tick looked at), throttled, banned."""
+        return {"tracked": len(self._windows) or len(self._local), "throttled": len(self._shares),
+                "banned": sum(1 for b in self._bans.values() if b.in_force(now_s))}
 
     # -- inside
 
@@ -686,6 +721,7 @@ class ClientTable:
     def _reset(self, client: Client) -> None:
         """A ban or an unban ends the client's window: it is judged on what it does next."""
         self._windows.clear(client)
+        self._resets.add(client)
         self._limited.discard(client)
         for report in self._peers.values():
             report.counts.pop(client, None)

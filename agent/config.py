@@ -18,6 +18,7 @@ from drl.agent import abi, caps
 from drl.agent.allocators import allocator_class, create
 from drl.agent.allocators.common import ParameterError
 from drl.agent.classes import ClassRule, ClassSpecError, parse_classes
+from drl.agent.clients import ClientRule, ClientRuleError, client_rule
 from drl.agent.membership import liveness_timeout
 from drl.agent.model import Allocator
 from drl.agent.peers import AddressError, HostPort, Peer, parse_hostport, parse_peers
@@ -53,6 +54,7 @@ class ClassConf:
     flow_ewma: float
     shadow: bool = False              # count what the limit would drop, drop nothing (docs/config.md "Shadow mode")
     enforce: str = "police"           # police (drop) or shape (queue in HTB, agent/shaper.py; docs/config.md "Shaping mode")
+    client: ClientRule | None = None  # per-client throttle or ban (docs/clients.md); None = none
 
     @functools.cached_property
     def key(self) -> int:
@@ -139,7 +141,7 @@ def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]],
     """Each class's options -> ClassConf, checked; raises ConfigError naming the class."""
     if len(classes) > max_classes:
         raise ConfigError(f"{len(classes)} classes, at most {max_classes} (--max-classes)")
-    confs = tuple(_class(opts["node_id"], c, peers) for c in classes)
+    confs = tuple(_class(opts["node_id"], c, peers, opts["interval_s"]) for c in classes)
     keys: dict[int, str] = {}
     for c in confs:
         if keys.setdefault(c.key, c.name) != c.name:
@@ -147,7 +149,7 @@ def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]],
     return confs
 
 
-def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...]) -> ClassConf:
+def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...], interval_s: float) -> ClassConf:
     where = "" if c["name"] == "default" else f"class {c['name']!r}: "
     if c.get("global_Bps") is None:
         raise ConfigError(f"{where}missing global limit (--global RATE)")
@@ -163,9 +165,22 @@ def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...]) -> Class
     if enforce == "shape" and (allocator.name == "grd" or c.get("quota")):
         what = "random drop (allocator grd)" if allocator.name == "grd" else "a volume quota"
         raise ConfigError(f"{where}enforce = shape cannot enforce {what}: it queues at a rate; use enforce = police")
+    try:
+        client = _client_rule(c, interval_s)
+    except ClientRuleError as e:
+        raise ConfigError(f"{where}{e}") from None
     return ClassConf(name=c["name"], global_Bps=c["global_Bps"], allocator=allocator, rules=rules,
                      burst_bytes=c["burst_bytes"], safe_Bps=c["safe_Bps"], ewma=c["ewma"], flow_ewma=c["flow_ewma"],
-                     shadow=bool(c.get("shadow")), enforce=enforce)
+                     shadow=bool(c.get("shadow")), enforce=enforce, client=client)
+
+
+def _client_rule(c: Mapping[str, Any], interval_s: float) -> ClientRule | None:
+    """The class's per-client rule (--client-* / client, measure, threshold, ...), checked."""
+    rule = client_rule(c.get("client_key"), c.get("client_measure"), c.get("client_threshold"),
+                       c.get("client_action"), c.get("ban_duration_s"), c.get("client_exempt") or ())
+    if rule is not None:
+        rule.check_interval(interval_s)
+    return rule
 
 
 def _sample_probability(opts: Mapping[str, Any], classes: tuple[ClassConf, ...]) -> float:

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from drl.agent.clients import ClientRuleError, parse_prefix
 from drl.agent.config import ClassConf, Config, ConfigError
 from drl.agent.control import ControlError, ControlServer
 from drl.agent.datapath import Counters, Datapath, DatapathError, now_ns
@@ -47,16 +48,18 @@ from drl.agent.gossip import Outgoing, Received, cycle_rounds, new_incarnation
 from drl.agent import logs
 from drl.agent.limits import Limit, LimitBook, LimitBookError
 from drl.agent.membership import Membership, liveness_timeout
-from drl.agent.metrics import Board, DropTally, MetricsError, MetricsServer, TickStats, drop_reason
+from drl.agent.metrics import (CLIENT_DROP_REASONS, Board, DropTally, MetricsError, MetricsServer, TickStats,
+                               drop_reason)
 from drl.agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
 from drl.agent.notify import Notifier
+from drl.agent.perclient import ClientRules
 from drl.agent.peers import format_addr
 from drl.agent.registry import Registry, RegistryError, RegistryView
 from drl.agent.shaper import Shaper
 from drl.agent.tenants import Changes, ClassRun, ClassTable, StateFileError
 from drl.agent.transport import Standalone, TransportError, UdpTransport
 from drl.agent.units import parse_rate, to_bps, UnitError
-from drl.agent.wire import Batch, LimitNote
+from drl.agent.wire import Batch, ClientReports, LimitNote
 
 log = logs.get_logger("drl.agent")
 
@@ -130,8 +133,10 @@ class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
     datapath needs attach, ensure_attached, attachment, close, set_class, batch, heartbeat, set_rules, reset_class,
-    set_sample_probability, read_counters and read_flows; a transport address, resolved, peer_addrs, stats, poll,
-    publish, announce, send, close (and sock, for ``serve``; set_peers and unresolved, with a registry)."""
+    set_sample_probability, read_counters and read_flows (and with client rules set_client_rule, read_clients,
+    set_client_limits, set_client_bans); a transport address, resolved, peer_addrs, stats, poll, publish,
+    announce, send, close (and sock, for ``serve``; set_peers and unresolved, with a registry; report_clients,
+    with client rules)."""
 
     def __init__(self, config: Config, transport: Callable[[Config], Any] = udp_transport,
                  datapath: Callable[[Config, int | None], Any] = kernel_datapath,
@@ -188,6 +193,8 @@ class Agent:
         self.table = ClassTable(self.dp, self.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
                                 max_classes=cfg.max_classes, founders=self.registry and self.registry.founders)
         self.table.apply(cfg.classes, self._member_ids(), self.members.n_nodes)
+        self.clients = ClientRules(self.dp, cfg.node_id)
+        self.clients.apply(self.table, time.monotonic(), self.members.timeout_s, self.members.n_nodes)
         for run in self.table:      # peers whose file says otherwise, or who missed a change, learn ours
             self._announce(run)
         self.dp.set_sample_probability(cfg.sample_probability)
@@ -293,6 +300,8 @@ class Agent:
             self.members.observe(rx, now)
             if isinstance(rx.payload, Batch):
                 self._limits_heard(rx)
+            elif isinstance(rx.payload, ClientReports):
+                self.clients.receive(rx.header.node, rx.payload, now)
             elif (run := self.table.by_key(rx.header.class_id)) is not None:
                 run.inbox.append(rx.envelope)
 
@@ -327,7 +336,8 @@ class Agent:
     def _serve_control(self) -> None:
         self.control.handle_one({"status": lambda req: {"ok": True, "status": self.status()},
                                  "down": self._down, "set": self.set_limit,
-                                 "reload": lambda req: self._reload_notified()})
+                                 "reload": lambda req: self._reload_notified(),
+                                 "clients": self._clients, "unban": self._unban})
 
     def _down(self, req: dict) -> dict:
         log.info("down_requested")
@@ -351,6 +361,29 @@ class Agent:
         log.info("limit_changed", class_=run.name, global_bps=round(to_bps(rate)), version=limit.version,
                  from_="drlctl")
         return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate), "limit_version": limit.version}
+
+    def _clients(self, req: dict) -> dict:
+        """drlctl clients [CLASS]: each class's client rule and its top clients."""
+        name = req.get("class")
+        if name is not None and self.table.get(str(name)) is None:
+            return {"ok": False, "error": f"no class {name!r} (see drlctl classes)"}
+        limit = req.get("limit")
+        listing = self.clients.listing(name, time.monotonic(), int(limit) if limit else None)
+        if name is not None and not listing:
+            return {"ok": False, "error": f"class {name!r} has no client rule"}
+        return {"ok": True, "classes": listing}
+
+    def _unban(self, req: dict) -> dict:
+        """drlctl unban PREFIX [--class NAME]: lifted here, the tombstones go to every peer."""
+        try:
+            prefix = parse_prefix(str(req.get("prefix")))
+        except ClientRuleError as e:
+            return {"ok": False, "error": str(e)}
+        name = req.get("class")
+        lifted = self.clients.unban(prefix, None if name is None else str(name), time.monotonic())
+        if not lifted:
+            return {"ok": False, "error": f"no ban on {prefix}" + (f" in class {name!r}" if name else "")}
+        return {"ok": True, "lifted": [{"class": c, "client": n} for c, n in lifted]}
 
     def _set_in_registry(self, run: ClassRun, text: str, rate: float) -> dict:
         """With a registry the class's table in etcd gets the new limit, and every agent (this
@@ -384,6 +417,7 @@ class Agent:
         """Make ``confs`` the classes in force (a reload, or the registry's); raises like
         ClassTable.apply, having changed nothing."""
         changes = self.table.apply(confs, self._member_ids(), self.members.n_nodes)
+        self.clients.apply(self.table, time.monotonic(), self.members.timeout_s, self.members.n_nodes)
         for run in self.table:
             if run.name in changes.changed or run.name in changes.added:
                 self._announce(run)
@@ -496,6 +530,11 @@ class Agent:
                    for run in runs}
         self.dp.heartbeat()     # every config stays fresh, the ones _enforce did not write again too
         self.transport.publish(out, now)
+        if self.clients:
+            n_hosts = 1 + self.members.view(0, now).n_alive      # the hosts whose reports count
+            reports = self.clients.tick(now, n_hosts, self.members.timeout_s)
+            if reports:
+                self.transport.report_clients(reports, now)
         self._log_changes(now)
         self.ticks += 1
 
@@ -625,13 +664,30 @@ class Agent:
             "flows": len(local.flow_rates_Bps), "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
             "passed_bytes": c.passed_bytes, "passed_packets": c.passed_packets,
             "dropped_bytes": c.dropped_bytes, "dropped_packets": c.dropped_packets,
-            **self._drops_by_reason(run),
+            **self._drops_by_reason(run, c),
+            "throttled_bytes": c.throttled_bytes, "throttled_packets": c.throttled_packets,
+            "banned_bytes": c.banned_bytes, "banned_packets": c.banned_packets,
+            "clients": self._client_summary(run),
             "quota_bytes_left": d.quota_bytes, "gossip_lost": self.members.class_lost[run.conf.key],
             "allocator_state": _allocator_state(d.info)}
 
-    def _drops_by_reason(self, run: ClassRun) -> dict:
+    def _client_summary(self, run: ClassRun) -> dict | None:
+        """The class's client rule and its clients tracked, throttled and banned; None without one."""
+        cr = self.clients.get(run.name)
+        if cr is None:
+            return None
+        return {"key": str(cr.rule.key), "measure": cr.rule.measure, "threshold": str(cr.rule.threshold),
+                "action": cr.rule.action, **cr.table.summary(time.monotonic())}
+
+    def _drops_by_reason(self, run: ClassRun, c: Counters) -> dict:
+        """The class's drops by policy reason (DropTally), and with a client rule its
+        throttled and banned packets, which the datapath counts apart."""
         tally = self._tally(run)
-        return {"dropped_bytes_by_reason": dict(tally.bytes), "dropped_packets_by_reason": dict(tally.packets)}
+        by_bytes, by_packets = dict(tally.bytes), dict(tally.packets)
+        if run.conf.client is not None:
+            by_bytes.update(zip(CLIENT_DROP_REASONS, (c.throttled_bytes, c.banned_bytes)))
+            by_packets.update(zip(CLIENT_DROP_REASONS, (c.throttled_packets, c.banned_packets)))
+        return {"dropped_bytes_by_reason": by_bytes, "dropped_packets_by_reason": by_packets}
 
 
 def _slack_s(cfg: Config, n_peers: int) -> float:

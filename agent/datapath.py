@@ -1,4 +1,4 @@
-"""The datapath: compile bpf/limiter.c with bcc, attach it at tc egress, talk to its maps.
+"""The datapath: compile bpf/limiter.c with bcc, attach it at tc egress (and ingress), talk to its maps.
 
 This is the only module that imports bcc.  Everything above it (agent/daemon.py)
 uses the small interface below, which a test double can implement too::
@@ -14,7 +14,7 @@ uses the small interface below, which a test double can implement too::
 Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 
 * ``Datapath(iface, classes=(), *, class_ids=None, max_flows=4096, max_classes=4096,
-  gossip_port=None, gossip_mark=abi.GOSSIP_MARK, registry_port=None, drop_action="stolen",
+  max_clients=abi.MAX_CLIENTS, gossip_port=None, gossip_mark=abi.GOSSIP_MARK, registry_port=None, drop_action="stolen",
   floor_rate_Bps=FLOOR_RATE_Bps, netns=None, exclusive=False)``
   compiles and loads, then ``set_rules(zip(classes, class_ids))`` (class_ids
   default 0, 1, ...: several rules may feed one class); no classes = every
@@ -33,9 +33,11 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 * ``reset_class(class_id)``: config back to PASS, bucket and counters zero,
   before a class id is reused for another class.
 * ``attach()`` / ``detach()`` (or ``with``): idempotent; attach replaces our
-  filter (fixed prio/handle), detach removes exactly what attach added.
+  filter (fixed prio/handle), detach removes exactly what attach added.  The
+  ingress filter (drl_ingress: drops banned clients' packets on their way in)
+  is on while some class has a client rule with action ban, and only then.
 * ``ensure_attached() -> bool``: after attach, is our program still the
-  egress filter?  One netlink dump; if not (filter or clsact removed,
+  egress filter (and the ingress one, while wanted)?  One netlink dump; if not (filter or clsact removed,
   replaced by another program) attach again and return True.  Never raises:
   a failed re-attach logs once and shows in ``attachment`` (state
   ``failed``), and is tried again on the next call.
@@ -50,8 +52,28 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 * ``read_counters(class_ids=None) -> dict[int, Counters]`` (None: the classes the
   rules name), ``read_bypass() -> Counters``,
   ``read_flows() -> list[FlowSample]``, ``discard_flows(keys)``,
-  ``read_quota(class_id) -> int | None``, ``now_ns()``, ``prog_fd`` (for bench stats).
+  ``read_quota(class_id) -> int | None``, ``now_ns()``, ``prog_fd`` and ``ingress_prog_fd``
+  (for bench stats).
 * ``default_burst(rate_Bps)``: the bucket depth used when burst_bytes is None.
+
+Per-client throttle and ban (docs/clients.md; a client is agent/clients.py's
+``Client``, its packed prefix: 4 or 16 bytes, host bits zero)::
+
+    dp.set_client_rule(0, rule, line)        # a ClientRule (None removes it); line: what is heavy
+    dp.read_heavy()                          # {0: {client, ...}}: newly at or above the line
+    dp.client_counts(0, clients)             # {client: its sliding count now}, the rule's unit
+    dp.forget_clients(0, clients)            # their counts start over (a ban, an unban)
+    dp.set_client_line(0, line)              # N changed
+    dp.set_client_limits(0, {client: (units_per_s, safe_units_per_s)})   # the throttled ones
+    dp.set_client_bans(0, {client: until_ns})          # CLOCK_MONOTONIC, as now_ns()
+
+The kernel keeps every client's sliding window (limiter.c count_client) and
+flags a client whose count reaches the line, so the agent reads the flagged
+ones and those it follows, never all.  Each ``set_client_*`` call replaces
+the class's whole set.  The kernel drops a banned client until until_ns by
+itself, and throttles a client at its safe rate once the class's config is
+stale; counts are arrivals (throttled packets too; not what a ban dropped,
+nor exempt addresses).
 
 Every failure a user can cause raises :class:`DatapathError` with one line.
 """
@@ -62,6 +84,7 @@ import contextlib
 import ctypes as ct
 import errno
 import ipaddress
+import math
 import os
 import socket
 import struct
@@ -70,7 +93,7 @@ import time
 from itertools import compress, repeat
 from operator import itemgetter, ne
 from pathlib import Path
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -78,8 +101,9 @@ from pyroute2.netns import popns, pushns
 
 from drl.agent.model import Mode, SLOW_START_Bps
 from drl.agent import abi, caps, lock, logs
-from drl.agent.bucket import bucket_times
+from drl.agent.bucket import bucket_times, unit_times
 from drl.agent.classes import ClassRule
+from drl.agent.clients import Client, ClientRule, sliding_count
 from drl.agent.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
 from drl.agent import rtnetlink
 from drl.agent.rtnetlink import (NLM_F_DUMP as _NLM_F_DUMP, TCA_BPF_ID as _TCA_BPF_ID, TCA_KIND as _TCA_KIND,
@@ -96,6 +120,8 @@ FILTER_PRIO = 0xD1       # our filter's identity at clsact egress: prio + handle
 FILTER_HANDLE = 0xD1
 FILTER_NAME = "drl_egress"
 EGRESS_PARENT = "ffff:fff3"
+INGRESS_NAME = "drl_ingress"   # same prio + handle, on clsact ingress
+INGRESS_PARENT = "ffff:fff2"
 
 # Bucket depth rule, measured in bench/README.md ("bucket depth"): a policer
 # has no queue, so cubic TCP needs the bucket to absorb its sawtooth: with
@@ -105,6 +131,13 @@ EGRESS_PARENT = "ffff:fff3"
 BURST_TIME_S = 0.300
 BURST_FLOOR = 128 * 1024
 FLOOR_RATE_Bps = SLOW_START_Bps   # a bucket never refills slower (FPS slow start)
+# A throttled client's bucket depth (set_client_limits): in bytes a class's (default_burst:
+# TCP needs rate x 300 ms of it); packets and connections get 300 ms of their rate too, and
+# at least CLIENT_BURST_UNITS: a few at once after a pause, then the rate.
+CLIENT_BURST_UNITS = 4
+# A throttled client's bucket is written again only for a rate that moved more than this
+# (set_client_limits): a share that wobbles with demand every tick keeps its bucket's state.
+CLIENT_RATE_CHANGE = 0.01
 
 
 _MODES = frozenset(Mode)
@@ -126,6 +159,10 @@ class Counters(NamedTuple):
     passed_packets: int = 0
     dropped_bytes: int = 0
     dropped_packets: int = 0
+    throttled_bytes: int = 0      # refused by a client's bucket: neither passed nor dropped
+    throttled_packets: int = 0
+    banned_bytes: int = 0         # from or to a banned client, egress and ingress
+    banned_packets: int = 0
 
 
 class FlowKey(NamedTuple):
@@ -160,7 +197,7 @@ class Datapath:
     """bpf/limiter.c loaded for one interface; see the module docstring."""
 
     def __init__(self, iface: str, classes: Sequence[ClassRule] = (), *, class_ids: Sequence[int] | None = None,
-                 max_flows: int = abi.MAX_FLOWS, max_classes: int = abi.MAX_CLASSES,
+                 max_flows: int = abi.MAX_FLOWS, max_classes: int = abi.MAX_CLASSES, max_clients: int = abi.MAX_CLIENTS,
                  gossip_port: int | None = None, gossip_mark: int = abi.GOSSIP_MARK, registry_port: int | None = None,
                  drop_action: str = "stolen", floor_rate_Bps: int = FLOOR_RATE_Bps, netns: str | None = None,
                  exclusive: bool = False):
@@ -181,6 +218,12 @@ class Datapath:
         self._counter_bufs = None                   # read_counters' batch lookup arrays, made once
         self._flow_reader = None                    # read_flows' _FlowReader, made on first use
         self._rules = EMPTY
+        self._client_rules: dict[int, ClientRule] = {}                 # class id -> its rule
+        self._client_limits: dict[int, dict[Client, tuple[float, float]]] = {}   # as written
+        self._client_bans: dict[int, dict[Client, int]] = {}
+        self._client_lines: dict[int, float] = {}                     # class id -> its heavy line
+        self._client_gen = 1                        # settings.client_gen: never 0 (limiter.c clients)
+        self._heavy_bufs = None                     # read_heavy's batch arrays, made on first use
         gossip_port, gossip_mark = _gossip_exemption(gossip_port, gossip_mark)
         registry_port = registry_port if gossip_port else 0     # the registry's exemption is the gossip mark's
         self._lock = self._bpf = None
@@ -195,12 +238,12 @@ class Datapath:
                     self._lock = lock.InterfaceLock.take(iface, self._ifindex, netns)
                 except lock.LockError as e:
                     raise DatapathError(str(e)) from None
-            self._bpf = _compile(max_flows, max_classes, abi.DROP_ACTIONS[drop_action])
-            self._fn = self._load()
-            self._prog_id = _prog_id(self._fn.fd)
+            self._bpf = _compile(max_flows, max_classes, max_clients, abi.DROP_ACTIONS[drop_action])
+            self._fn, self._fn_in = self._load(FILTER_NAME), self._load(INGRESS_NAME)
+            self._prog_id, self._in_prog_id = _prog_id(self._fn.fd), _prog_id(self._fn_in.fd)
             self._write_settings(sample_prob=abi.PROB_ONE, gossip_port=gossip_port, gossip_mark=gossip_mark,
                                  registry_port=registry_port or 0, mark_masks=EMPTY.mark_masks, dst_lengths=EMPTY.dst_lengths,
-                                 src_lengths=EMPTY.src_lengths)
+                                 src_lengths=EMPTY.src_lengths, client_gen=self._client_gen)
             self.set_rules(list(zip(rules, class_ids)))
         except BaseException:
             if self._bpf is not None:
@@ -211,7 +254,8 @@ class Datapath:
     # -- attach / detach ------------------------------------------------------
 
     def attach(self) -> None:
-        """Add clsact (unless present) and our egress filter, replacing an earlier one of ours."""
+        """Add clsact (unless present) and our egress filter, replacing an earlier one of ours;
+        our ingress filter too while a class bans, else none (not even a killed agent's)."""
         try:
             if not self._has_clsact():
                 self._ipr.tc("add", "clsact", self._ifindex)
@@ -222,25 +266,22 @@ class Datapath:
                 self._created_clsact = True
             self._ipr.tc("replace-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=EGRESS_PARENT,
                          prio=FILTER_PRIO, fd=self._fn.fd, name=FILTER_NAME, direct_action=True)
+            self._set_ingress(self._bans_anywhere())
         except NetlinkError as e:
             raise DatapathError(f"cannot attach to {self.iface}: {e.args[-1]} "
                                 "(kernel needs sch_ingress/clsact and cls_bpf)") from None
         self._attached = True
 
     def detach(self) -> None:
-        """Remove our filter, and the clsact qdisc if attach created it."""
+        """Remove our filters, and the clsact qdisc if attach created it."""
         if not self._attached:
             return
         if not self._has_clsact():  # removed under us (or the interface is gone): nothing left
             self._attached = self._created_clsact = False
             return
         try:
-            try:
-                self._ipr.tc("del-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=EGRESS_PARENT,
-                             prio=FILTER_PRIO)
-            except NetlinkError as e:
-                if e.code != 2:  # ENOENT: someone removed our filter already
-                    raise
+            self._del_filter(EGRESS_PARENT)
+            self._del_filter(INGRESS_PARENT)
             if self._created_clsact and not self._other_filters():
                 self._ipr.tc("del", "clsact", self._ifindex)
         except NetlinkError as e:
@@ -251,7 +292,8 @@ class Datapath:
         """Is our program still the egress filter?  If not, attach again; True when it had to.
 
         One netlink dump of the egress filters (~0.1 ms, bench in
-        tests/kernel/test_takeover.py) each call: the agent calls it every tick.
+        tests/kernel/test_takeover.py) each call, and one of the ingress filters while a
+        class bans: the agent calls it every tick.
         A filter that is gone, a clsact that is gone, or another program at our
         prio/handle all count as detached.  Never raises: a failed attach is
         logged once (``event=reattach_failed``) and kept in ``attachment`` until a
@@ -338,6 +380,7 @@ class Datapath:
         cfg.floor_ns_per_byte, cfg.floor_depth_ns = self._floor_times
         cfg.shadow = int(shadow)
         cfg.shape_prio = int(shape_prio)
+        self._fill_client(cfg, class_id)        # the client rule is set_client_rule's, kept here
         if quota_bytes is not None:
             self._quota_seq = self._quota_seq % (2**32 - 1) + 1   # never 0: 0 means no quota
             cfg.quota_seq, cfg.quota_bytes = self._quota_seq, int(quota_bytes)
@@ -432,11 +475,169 @@ class Datapath:
         class.  Empty, not full: a restarted agent's fresh bucket would otherwise pass a
         whole burst on top of what the other hosts' buckets pass (README "Faults")."""
         self._check_class(class_id)
+        self.set_client_rule(class_id, None)
         for name in (b"config", b"counters"):
             self._bpf[name][ct.c_int(class_id)] = self._bpf[name].Leaf()
         bucket = self._bpf[b"buckets"].Leaf()
-        bucket.tat = now_ns()               # credit accrues from now, from 0
+        bucket.gcra.tat = now_ns()          # credit accrues from now, from 0
         self._bpf[b"buckets"][ct.c_int(class_id)] = bucket
+
+    # -- clients --------------------------------------------------------------
+
+    def set_client_rule(self, class_id: int, rule: ClientRule | None, line: float = 0.0) -> None:
+        """Give a class its client rule (None: none); ``line``: a client whose sliding count
+        reaches it is flagged for read_heavy (0: none is).  A rule with another key, measure
+        or window than the class's last one drops its limits, bans and counts (they were for
+        other clients or units); None drops them and the exempt prefixes.  The ingress filter
+        goes on with the first rule whose action is ban and off after the last (when attached)."""
+        self._check_class(class_id)
+        old = self._client_rules.get(class_id)
+        if rule is not None and not 0 < round(rule.window_s * 1e9) <= abi.MAX_CLIENT_WINDOW_NS:
+            raise DatapathError(f"class {class_id}: a client window of {rule.window_s:g} s is not in "
+                                f"(0, {abi.MAX_CLIENT_WINDOW_NS / 1e9 / 3600:.0f} h]")
+        self._client_lines[class_id] = line
+        if rule == old:
+            self._write_client_config(class_id)
+            return
+        if rule is None or old is None or (rule.key, rule.measure, rule.window_s) != (old.key, old.measure,
+                                                                                       old.window_s):
+            self.set_client_limits(class_id, {})
+            self.set_client_bans(class_id, {})
+            if old is not None:
+                self._forget_class_clients(class_id)
+        banning = self._bans_anywhere()
+        table = self._bpf[b"client_exempt"]
+        before = {_exempt_key(class_id, net) for net in (old.exempt if old else ())}
+        after = {_exempt_key(class_id, net) for net in (rule.exempt if rule else ())}
+        for key in after - before:          # new prefixes first: no packet of the class misses one
+            self._put(table, table.Key.from_buffer_copy(key), table.Leaf(1))
+        if rule is None:
+            del self._client_rules[class_id]
+            del self._client_lines[class_id]
+        else:
+            self._client_rules[class_id] = rule
+        self._write_client_config(class_id)
+        for key in before - after:
+            del table[table.Key.from_buffer_copy(key)]
+        if self._attached and self._bans_anywhere() != banning:
+            try:
+                self._set_ingress(not banning)
+            except NetlinkError as e:
+                raise DatapathError(f"cannot {'detach from' if banning else 'attach to'} {self.iface} ingress: "
+                                    f"{e.args[-1]}") from None
+
+    def set_client_limits(self, class_id: int, limits: Mapping[Client, tuple[float, float]]) -> None:
+        """The class's throttled clients, in place of the last set: client -> (rate, safe rate)
+        in the rule's unit per second (bytes, packets, connections).  The kernel charges each
+        packet of a listed client to the client's bucket (limiter.c throttle), at the safe
+        rate once the class's config is stale; depth: default_burst for bytes, 300 ms of the
+        rate and at least CLIENT_BURST_UNITS otherwise.  A new client's bucket starts empty;
+        a listed one is written again only when a rate moved by more than CLIENT_RATE_CHANGE,
+        keeping its credit or debt (the kernel converts it to the new price)."""
+        rule = self._rule_for(class_id, limits)
+        table, old = self._bpf[b"client_limits"], self._client_limits.get(class_id, {})
+        written, fresh = {}, False
+        for client, rates in limits.items():
+            _check_client(class_id, client, rule)
+            rates = _rates(class_id, client, rates)
+            was = old.get(client)
+            if was is not None and all(abs(r - w) <= CLIENT_RATE_CHANGE * w for r, w in zip(rates, was)):
+                written[client] = was
+                continue
+            key = table.Key.from_buffer_copy(_client_key(class_id, client))
+            leaf = table.get(key) if was is not None else None
+            if leaf is None:
+                leaf, fresh = table.Leaf(), True
+                leaf.gcra.tat = now_ns()           # empty: the client is over its share already
+            leaf.ns_per_unit, leaf.depth_ns = _client_bucket(rule.measure, rates[0])
+            leaf.safe_ns_per_unit, leaf.safe_depth_ns = _client_bucket(rule.measure, rates[1])
+            self._put(table, key, leaf)
+            written[client] = rates
+        self._replace_clients(class_id, self._client_limits, written, table)
+        if fresh:
+            self._new_client_gen()
+
+    def set_client_bans(self, class_id: int, bans: Mapping[Client, int]) -> None:
+        """The class's banned clients, in place of the last set: client -> until_ns
+        (CLOCK_MONOTONIC, now_ns()'s clock).  The kernel drops every packet to or from one
+        (egress, and ingress while attached) until then, by itself: a ban ends on time with
+        no agent running."""
+        rule = self._rule_for(class_id, bans)
+        table, old = self._bpf[b"client_bans"], self._client_bans.get(class_id, {})
+        changed = False
+        for client, until_ns in bans.items():
+            _check_client(class_id, client, rule)
+            if not 0 <= until_ns < 2**64:
+                raise DatapathError(f"class {class_id}: ban until {until_ns!r} is not a CLOCK_MONOTONIC time in ns")
+            if old.get(client) != until_ns:
+                self._put(table, table.Key.from_buffer_copy(_client_key(class_id, client)), table.Leaf(until_ns))
+                changed = True
+        self._replace_clients(class_id, self._client_bans, dict(bans), table)
+        if changed:
+            self._new_client_gen()
+
+    def _new_client_gen(self) -> None:
+        """After new bans or throttled clients: every client is checked against them again
+        (a client's count remembers the generation it was found clear in: limiter.c clients)."""
+        self._client_gen = self._client_gen % (2**32 - 1) + 1
+        self._write_settings(client_gen=self._client_gen)
+
+    def _rule_for(self, class_id: int, entries: Mapping) -> ClientRule | None:
+        self._check_class(class_id)
+        rule = self._client_rules.get(class_id)
+        if rule is None and entries:
+            raise DatapathError(f"class {class_id} has no client rule (set_client_rule first)")
+        return rule
+
+    def _replace_clients(self, class_id: int, sets: dict, new: dict, table) -> None:
+        """Make ``new`` (written already) the class's set in ``sets``: the class's flag in its
+        config follows (set after new entries, cleared before the last go), then the clients
+        no longer listed are deleted."""
+        had, gone = class_id in sets, sets.get(class_id, {}).keys() - new.keys()
+        if new:
+            sets[class_id] = new
+        else:
+            sets.pop(class_id, None)
+        if bool(new) != had:
+            self._write_client_config(class_id)
+        for client in gone:
+            del table[table.Key.from_buffer_copy(_client_key(class_id, client))]
+
+    def _fill_client(self, cfg, class_id: int) -> None:
+        """The class's client fields of a config (limiter.h class_config.client_*)."""
+        rule = self._client_rules.get(class_id)
+        if rule is None:
+            cfg.client_side = cfg.client_measure = cfg.client_flags = cfg.client_mask4 = 0
+            cfg.client_mask6[:] = [0] * 4
+            cfg.client_window_ns = cfg.client_line = 0
+            return
+        cfg.client_side = abi.CLIENT_SIDES[rule.key.side]
+        cfg.client_measure = abi.MEASURES[rule.measure]
+        cfg.client_flags = (abi.CLIENT_HAS_LIMITS * (class_id in self._client_limits)
+                            | abi.CLIENT_HAS_BANS * (class_id in self._client_bans)
+                            | abi.CLIENT_HAS_EXEMPT * bool(rule.exempt))
+        cfg.client_mask4 = _words(_mask(rule.key.v4_len, 4) + bytes(12))[0]
+        cfg.client_mask6[:] = _words(_mask(rule.key.v6_len, 16))
+        cfg.client_window_ns = round(rule.window_s * 1e9)
+        cfg.client_line = math.ceil(self._client_lines.get(class_id, 0.0))
+
+    def _write_client_config(self, class_id: int) -> None:
+        """The class's client fields into its config as it is (its own fields and stamp
+        unchanged); inside batch(), into the slot set_class staged too."""
+        table = self._bpf[b"config"]
+        if self._pending is not None and class_id in self._pending:
+            self._fill_client(self._staged[1][self._pending[class_id]], class_id)
+        cfg = table[ct.c_int(class_id)]
+        self._fill_client(cfg, class_id)
+        table[ct.c_int(class_id)] = cfg
+
+    @staticmethod
+    def _put(table, key, leaf) -> None:
+        try:
+            table[key] = leaf
+        except Exception as e:      # bcc raises bare Exception; E2BIG: the map is full
+            raise DatapathError(f"cannot write {table._name.decode()} ({table.max_entries} entries): "
+                                f"{str(e).splitlines()[0]}") from None
 
     # -- reading --------------------------------------------------------------
 
@@ -475,36 +676,76 @@ class Datapath:
             self._flow_reader = _FlowReader(self._bpf[b"flows"])
         return self._flow_reader.read()
 
-    def discard_flows(self, keys: Iterable[FlowKey]) -> None:
-        """Drop flows from the sample set (FPS resamples and discards small flows)."""
-        table = self._bpf[b"flows"]
-        for key in keys:
+    def set_client_line(self, class_id: int, line: float) -> None:
+        """The class's heavy line (set_client_rule), when the number of hosts changed."""
+        if class_id not in self._client_rules:
+            raise DatapathError(f"class {class_id} has no client rule (set_client_rule first)")
+        self._client_lines[class_id] = line
+        self._write_client_config(class_id)
+
+    def read_heavy(self) -> dict[int, set[Client]]:
+        """Per class, the clients the program flagged since the last call: their count reached
+        the class's line (once a window each), read and emptied in one batch syscall."""
+        table = self._bpf[b"client_heavy"]
+        if self._heavy_bufs is None:
+            self._heavy_bufs = ((table.Key * table.max_entries)(), (table.Leaf * table.max_entries)())
+        keys, values = self._heavy_bufs
+        n = _lookup_batch(table, keys, values, table.max_entries, delete=True)
+        out: dict[int, set[Client]] = {}
+        for class_id, family, addr in _CLIENT_KEY.iter_unpack(ct.string_at(keys, n * _CLIENT_KEY.size)):
+            if class_id in self._client_rules:       # else flagged before the class's rule went
+                out.setdefault(class_id, set()).add(addr[:4] if family == 4 else addr)
+        return out
+
+    def client_counts(self, class_id: int, clients: Iterable[Client]) -> dict[Client, float]:
+        """The sliding counts now of those of ``clients`` the kernel has a window for, in the
+        rule's unit (agent/clients.py sliding_count on the entry's two windows): one lookup
+        each, for the few the agent follows."""
+        rule = self._client_rules.get(class_id)
+        if rule is None:
+            raise DatapathError(f"class {class_id} has no client rule (set_client_rule first)")
+        table, window_ns, now = self._bpf[b"client_windows"], round(rule.window_s * 1e9), now_ns()
+        index, out = now // window_ns, {}
+        key, w = table.Key(), table.Leaf()            # one of each, refilled: ~1 us a client
+        fd, lookup, key_p, w_p = table.map_fd, lib.bpf_lookup_elem, ct.byref(key), ct.byref(w)
+        for client in clients:
+            _CLIENT_KEY.pack_into(key, 0, class_id, 4 if len(client) == 4 else 6, client)
+            if lookup(fd, key_p, w_p) < 0:
+                continue                              # no window: nothing counted, or aged out
+            prev, cur = (w.prev, w.cur) if w.index == index else (w.cur, 0) if w.index + 1 == index else (0, 0)
+            out[client] = sliding_count(prev, cur, (now - index * window_ns) / 1e9, rule.window_s)
+        return out
+
+    def forget_clients(self, class_id: int, clients: Iterable[Client]) -> None:
+        """Their windows go: the next packet of each starts its count from 0."""
+        table = self._bpf[b"client_windows"]
+        for client in clients:
             try:
-                del table[_encode_key(table.Key(), key)]
+                del table[table.Key.from_buffer_copy(_client_key(class_id, client))]
             except KeyError:
                 pass
 
-    def read_quota(self, class_id: int) -> int | None:
-        """Bytes the class may still pass, None when it has no quota."""
-        self._check_class(class_id)
-        cfg = self._bpf[b"config"][ct.c_int(class_id)]
-        if not cfg.quota_seq:
-            return None
-        bucket = self._bpf[b"buckets"][ct.c_int(class_id)]
-        return bucket.quota_left if bucket.quota_seq == cfg.quota_seq else cfg.quota_bytes
+    def _forget_class_clients(self, class_id: int) -> None:
+        """Every window of the class (its rule changed or went: a slot's next class starts
+        from nothing); one batch read of the map, rare."""
+        table = self._bpf[b"client_windows"]
+        keys, values = (table.Key * table.max_entries)(), (table.Leaf * table.max_entries)()
+        n = _lookup_batch(table, keys, values, table.max_entries)
+        mine = [k for k in _CLIENT_KEY.iter_unpack(ct.string_at(keys, n * _CLIENT_KEY.size)) if k[0] == class_id]
+        self.forget_clients(class_id, (addr[:4] if family == 4 else addr for _, family, addr in mine))
 
     @property
-    def prog_fd(self) -> int:
-        """The loaded program's fd (bench/datapath.py reads its run-time stats)."""
-        return self._fn.fd
+    def ingress_prog_fd(self) -> int:
+        """drl_ingress's fd, loaded whether attached or not (bench/clients.py runs it)."""
+        return self._fn_in.fd
 
     now_ns = staticmethod(now_ns)
 
     # -- internals ------------------------------------------------------------
 
-    def _load(self):
+    def _load(self, name: str):
         try:
-            return self._bpf.load_func(FILTER_NAME.encode(), BPF.SCHED_CLS)
+            return self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
         except Exception as e:  # bcc raises bare Exception with the verifier log on stderr
             raise DatapathError(f"kernel refused the BPF program: {str(e).splitlines()[0]}") from None
 
@@ -515,12 +756,34 @@ class Datapath:
             return False
 
     def _ours_attached(self) -> bool:
-        """Our program at our prio/handle on clsact egress: one dump on the raw netlink
-        socket (a missing clsact or interface dumps nothing)."""
+        """Our program at our prio/handle on clsact egress (and ingress, while a class bans):
+        one dump each on the raw netlink socket (a missing clsact or interface dumps nothing)."""
         try:
-            return _egress_prog_id(self._nl, self._ifindex) == self._prog_id
+            if _egress_prog_id(self._nl, self._ifindex) != self._prog_id:
+                return False
+            return not self._bans_anywhere() or \
+                _egress_prog_id(self._nl, self._ifindex, INGRESS_PARENT) == self._in_prog_id
         except OSError:
             return False
+
+    def _set_ingress(self, on: bool) -> None:
+        """Our ingress filter on (replacing an earlier one of ours) or off; NetlinkError."""
+        if on:
+            self._ipr.tc("replace-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=INGRESS_PARENT,
+                         prio=FILTER_PRIO, fd=self._fn_in.fd, name=INGRESS_NAME, direct_action=True)
+        else:
+            self._del_filter(INGRESS_PARENT)
+
+    def _del_filter(self, parent: str) -> None:
+        try:
+            self._ipr.tc("del-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=parent, prio=FILTER_PRIO)
+        except NetlinkError as e:
+            if e.code != errno.ENOENT:  # someone removed our filter already, or it was never there
+                raise
+
+    def _bans_anywhere(self) -> bool:
+        """Some class has a ban rule: the ingress filter is wanted."""
+        return any(rule.action == "ban" for rule in self._client_rules.values())
 
     def _filters(self) -> list:
         return [f for parent in (0xFFFFFFF2, 0xFFFFFFF3)      # clsact ingress, egress
@@ -562,10 +825,10 @@ def _is_ours(f) -> bool:
 _RTM_NEWTFILTER, _RTM_GETTFILTER = 44, 46
 
 
-def _egress_prog_id(sock: socket.socket, ifindex: int) -> int | None:
-    """The program id of the bpf filter at our prio/handle on clsact egress, or None."""
+def _egress_prog_id(sock: socket.socket, ifindex: int, parent: str = EGRESS_PARENT) -> int | None:
+    """The program id of the bpf filter at our prio/handle on clsact egress (or ``parent``), or None."""
     seq = rtnetlink.send(sock, _RTM_GETTFILTER, _NLM_F_DUMP,
-                         _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, int(EGRESS_PARENT.replace(":", ""), 16), 0))
+                         _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, int(parent.replace(":", ""), 16), 0))
     found = None
     for kind, body in rtnetlink.replies(sock, seq):     # an error reply raises OSError: the caller's False
         if kind != _RTM_NEWTFILTER:
@@ -613,11 +876,12 @@ def _open_link(iface: str, netns: str | None) -> tuple[IPRoute, socket.socket, i
     return ipr, nl, found[0]
 
 
-def _compile(max_flows: int, max_classes: int, drop_action: int):
-    for name, value in (("max_flows", max_flows), ("max_classes", max_classes)):
+def _compile(max_flows: int, max_classes: int, max_clients: int, drop_action: int):
+    for name, value in (("max_flows", max_flows), ("max_classes", max_classes), ("max_clients", max_clients)):
         if not 1 <= value <= 1 << 24:
             raise DatapathError(f"{name} {value} is not in 1..{1 << 24}")
-    cflags = [f"-I{BPF_DIR}", *abi.cflags(MAX_FLOWS=max_flows, MAX_CLASSES=max_classes, DROP_ACTION=drop_action)]
+    cflags = [f"-I{BPF_DIR}", *abi.cflags(MAX_FLOWS=max_flows, MAX_CLASSES=max_classes, MAX_CLIENTS=max_clients,
+                                          DROP_ACTION=drop_action)]
     try:
         # bcc looks for "limiter.h" in the working directory before -I: compile from bpf/, so a
         # stray limiter.h where the agent was started is never the one compiled.  (The whole
@@ -630,16 +894,18 @@ def _compile(max_flows: int, max_classes: int, drop_action: int):
                             f"kernel headers tried: {headers}") from None
 
 
-def _lookup_batch(table, keys, values, limit: int) -> int:
+def _lookup_batch(table, keys, values, limit: int, delete: bool = False) -> int:
     """Up to ``limit`` entries of ``table`` into the caller's ``keys`` and ``values`` arrays
     (kept across ticks: bcc's items_lookup_batch allocates both at the map's full size and
-    yields entry by entry); how many.  A hash map may take several calls."""
+    yields entry by entry); how many.  A hash map may take several calls.  ``delete``: and
+    delete them (BPF_MAP_LOOKUP_AND_DELETE_BATCH)."""
+    batch = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
     total, token = 0, ct.c_uint32(0)
     while total < limit:
         count = ct.c_uint32(limit - total)
-        res = lib.bpf_lookup_batch(table.map_fd, ct.byref(token) if total else None, ct.byref(token),
-                                   ct.byref(keys, ct.sizeof(table.Key) * total),
-                                   ct.byref(values, ct.sizeof(table.Leaf) * total), ct.byref(count))
+        res = batch(table.map_fd, ct.byref(token) if total else None, ct.byref(token),
+                    ct.byref(keys, ct.sizeof(table.Key) * total), ct.byref(values, ct.sizeof(table.Leaf) * total),
+                    ct.byref(count))
         total += count.value
         if res:
             if ct.get_errno() != errno.ENOENT:     # ENOENT: the map ended: done
@@ -739,8 +1005,7 @@ def _fields(buf: bytes, record, names: Sequence[str]) -> list[array.array]:
 
 
 def _sum_cpus(per_cpu) -> Counters:
-    return Counters(sum(c.passed_bytes for c in per_cpu), sum(c.passed_packets for c in per_cpu),
-                    sum(c.dropped_bytes for c in per_cpu), sum(c.dropped_packets for c in per_cpu))
+    return Counters(*(sum(getattr(c, name) for c in per_cpu) for name in Counters._fields))
 
 
 def _gossip_exemption(port: int | None, mark: int) -> tuple[int, int]:
@@ -807,6 +1072,45 @@ def _encode_prefix(key, prefix: Prefix):
 def _encode_mark(key, mask_mark: tuple[int, int]):
     key.mask, key.mark = mask_mark
     return key
+
+
+# limiter.h client_key, as read_heavy unpacks it
+_CLIENT_KEY = struct.Struct("=IB3x16s")
+_EXEMPT_KEY = struct.Struct("=III16s")
+
+
+def _client_key(class_id: int, client: Client) -> bytes:
+    """limiter.h client_key of a class's client."""
+    return _CLIENT_KEY.pack(class_id, 4 if len(client) == 4 else 6, client)
+
+
+def _exempt_key(class_id: int, net) -> bytes:
+    """limiter.h exempt_key of an exempt prefix: class id and family are the first 64 bits compared."""
+    return _EXEMPT_KEY.pack(64 + net.prefixlen, class_id, net.version, net.network_address.packed)
+
+
+def _mask(length: int, size: int) -> bytes:
+    """The first ``length`` bits of ``size`` bytes set: a prefix's netmask, packed."""
+    return (((1 << length) - 1) << (8 * size - length)).to_bytes(size, "big")
+
+
+def _check_client(class_id: int, client: Client, rule: ClientRule) -> None:
+    if not isinstance(client, bytes) or not rule.key.owns(client):
+        raise DatapathError(f"class {class_id}: {client!r} is not a client of key {rule.key} "
+                            "(4 or 16 packed bytes, host bits zero)")
+
+
+def _rates(class_id: int, client: Client, rates) -> tuple[float, float]:
+    rate, safe = (float(r) for r in rates)
+    if not (0.0 <= rate < math.inf and 0.0 <= safe < math.inf):
+        raise DatapathError(f"class {class_id}: client {client.hex()} rates {rates!r} are not two finite rates >= 0")
+    return rate, safe
+
+
+def _client_bucket(measure: str, rate: float) -> tuple[int, int]:
+    """(ns_per_unit, depth_ns) of a throttled client's bucket (set_client_limits)."""
+    depth = default_burst(rate) if measure == "bytes" else max(CLIENT_BURST_UNITS, rate * BURST_TIME_S)
+    return unit_times(rate, depth, abi.MAX_NS_PER_UNIT[measure])
 
 
 def _addr(family: int, words) -> str:

@@ -58,7 +58,8 @@ from typing import Hashable, Mapping, NamedTuple, Sequence
 
 from .model import Envelope
 from .lives import Lives
-from .wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, Payload, Reason, decode, encode, pack)
+from .wire import (MAX_DATAGRAM, Batch, ClassClients, ClassValue, Header, LimitNote, Message, Payload, Reason, decode,
+                   encode, pack, pack_reports)
 
 Addr = Hashable
 
@@ -330,6 +331,15 @@ class GossipCore:
             for batch in pack(values, notes, self._room(addr)):
                 out.append((addr, self._datagram(addr, 0, batch, now)))
         return out
+
+    def report_clients(self, reports: list[ClassClients], now: float) -> list[tuple[Addr, bytes]]:
+        """The classes' per-client reports to every peer, as few datagrams as fit: a client's
+        global count must be whole within a round (docs/clients.md "Over the threshold"),
+        so not to this round's targets only; they exist only while a class has heavy clients."""
+        if not reports:
+            return []
+        return [(addr, self._datagram(addr, 0, payload, now))
+                for addr in self.peers for payload in pack_reports(reports, self._room(addr))]
 
     def announce(self, note: LimitNote, addr: Addr | None = None) -> None:
         """Send a class's limit to ``addr`` in the next round, or to every peer in the next

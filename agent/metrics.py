@@ -44,6 +44,9 @@ TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 # random drop (Mode.DROP, GRD), the volume quota ran out (dqmp), else the token
 # bucket (the allocator's rate, the fail-safe rate or the slow-start floor).
 DROP_REASONS = ("bucket", "random_drop", "quota")
+# A class with a client rule (docs/clients.md) has counters of its own for these:
+# "throttle" (a client over its share) and "ban" (egress and ingress).
+CLIENT_DROP_REASONS = ("throttle", "ban")
 
 
 class MetricsError(Exception):
@@ -240,7 +243,9 @@ def class_metrics(classes: list[dict]) -> Iterator[Metric]:
          "quota": GaugeMetricFamily("drl_class_quota_remaining_bytes", "Volume quota left (quota classes only)",
                                     labels=lab),
          "lost": CounterMetricFamily("drl_class_gossip_values_lost", "This class's gossiped values lost, all peers",
-                                     labels=lab)}
+                                     labels=lab),
+         "clients": GaugeMetricFamily("drl_class_clients", "Clients of the class's client rule, by state "
+                                      "(tracked: counted in the window)", labels=["class", "state"])}
     c = {k: CounterMetricFamily(f"drl_{k}", doc, labels=lab) for k, doc in (
         ("passed_bytes", "L2 bytes that passed the limiter"), ("passed_packets", "Packets that passed the limiter"))}
     d = {k: CounterMetricFamily(f"drl_{k}", doc, labels=["class", "reason"]) for k, doc in (
@@ -265,6 +270,9 @@ def class_metrics(classes: list[dict]) -> Iterator[Metric]:
         for key, fam in d.items():
             for reason, n in cl[f"{key}_by_reason"].items():
                 fam.add_metric([cl["name"], reason], n)
+        if cl["clients"] is not None:
+            for state in ("tracked", "throttled", "banned"):
+                g["clients"].add_metric([cl["name"], state], cl["clients"][state])
     yield from rates.values()
     yield from g.values()
     yield from c.values()

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 from .gossip import GossipCore, Outgoing, PeerList, Received, Stats
 from .model import Envelope
 from .peers import HostPort, format_addr
-from .wire import MAX_DATAGRAM, LimitNote, Reason
+from .wire import MAX_DATAGRAM, ClassClients, LimitNote, Reason
 
 
 class TransportError(Exception):
@@ -178,6 +178,11 @@ class UdpTransport:
         """A class's limit to ``addr``, or to every peer (GossipCore.announce)."""
         self.core.announce(note, addr)
 
+    def report_clients(self, reports: list[ClassClients], now: float) -> None:
+        """The classes' per-client reports to every peer (GossipCore.report_clients)."""
+        for addr, data in self.core.report_clients(reports, now):
+            self._sendto(data, addr)
+
     def send(self, env: Envelope, class_id: int, now: float) -> bool:
         """Send one outbox message; False if ``env.dst`` has not been heard from yet."""
         routed = self.core.route(env, class_id, now)
@@ -227,6 +232,9 @@ class Standalone:
         pass
 
     def announce(self, note: LimitNote, addr: HostPort | None = None) -> None:
+        pass
+
+    def report_clients(self, reports: list[ClassClients], now: float) -> None:
         pass
 
     def send(self, env: Envelope, class_id: int, now: float) -> bool:

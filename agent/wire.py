@@ -34,6 +34,7 @@ from typing import NamedTuple, Union
 from google.protobuf.message import DecodeError
 
 from . import drl_pb2, logs
+from .clients import BanNote, ClientReport, report_bytes
 from .model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
 VERSION = 2               # 2: every class's value in a Batch (1: one Update datagram per class)
@@ -100,7 +101,20 @@ class Batch:
     limits: tuple[LimitNote, ...] = ()
 
 
-Payload = Union[Batch, Body]
+@dataclass(frozen=True, slots=True)
+class ClassClients:
+    """One class's per-client report (agent/clients.py), by class key."""
+    key: int
+    report: ClientReport
+
+
+@dataclass(frozen=True, slots=True)
+class ClientReports:
+    """The per-client reports of several classes, to every alive peer each interval."""
+    reports: tuple[ClassClients, ...] = ()
+
+
+Payload = Union[Batch, ClientReports, Body]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +130,7 @@ _KINDS: dict[str, type] = {
 }
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 _KIND_OF[Batch] = "batch"
+_KIND_OF[ClientReports] = "client_reports"
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 _HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(Header))
 
@@ -134,6 +149,9 @@ def encode(msg: Message, key: bytes | None) -> bytes:
     sub.SetInParent()                    # selects the oneof even when every field is default
     if cls is Batch:
         _fill_batch(sub, msg.payload)
+    elif cls is ClientReports:
+        for entry in msg.payload.reports:
+            _fill_report(sub.reports.add(), entry)
     for name in _FIELDS.get(cls, ()):
         setattr(sub, name, getattr(msg.payload, name))
     body = dg.SerializeToString()
@@ -163,7 +181,12 @@ def _parse(body: bytes) -> Message | None:
     kind = dg.WhichOneof("payload")
     if kind is None or not dg.HasField("header"):
         return None
-    payload = _read_batch(dg.batch) if kind == "batch" else _read_body(_KINDS[kind], getattr(dg, kind))
+    if kind == "batch":
+        payload = _read_batch(dg.batch)
+    elif kind == "client_reports":
+        payload = _read_reports(dg.client_reports)
+    else:
+        payload = _read_body(_KINDS[kind], getattr(dg, kind))
     header = Header(**{name: getattr(dg.header, name) for name in _HEADER_FIELDS})
     if payload is None or not header.node or header.seq == 0 or not math.isfinite(header.sent_at):
         return None
@@ -201,6 +224,59 @@ def _read_batch(sub) -> Batch | None:
     if any(not math.isfinite(n.global_Bps) or n.global_Bps < 0 for n in limits):
         return None
     return Batch(tuple(map(ClassValue, keys, seqs, values, versions, (1000.0 * x for x in locals_))), limits)
+
+
+def _fill_report(sub, entry: ClassClients) -> None:
+    report = entry.report
+    sub.key = entry.key
+    sub.v4_len, sub.v6_len = report.lengths
+    wide = report.lengths[1] > 64
+    for client, count in report.counts:
+        value = int.from_bytes(client, "big")
+        if len(client) == 4:
+            sub.v4.append(value)
+            sub.v4_counts.append(count)
+        else:
+            sub.v6_hi.append(value >> 64)
+            if wide:
+                sub.v6_lo.append(value & (2**64 - 1))
+            sub.v6_counts.append(count)
+    for note in report.bans:
+        sub.bans.add(prefix=note.client, version=note.version, remaining_s=note.remaining_s, lifted=note.lifted)
+
+
+def _read_reports(sub) -> ClientReports | None:
+    """Well-formed reports: parallel arrays of one length (v6_lo all or nothing), IPv4 and IPv6
+    prefixes of 4 and 16 bytes; counts and times are the table's to judge (ClientTable.receive)."""
+    out = []
+    for r in sub.reports:
+        v6_lo = r.v6_lo if len(r.v6_lo) else [0] * len(r.v6_hi)
+        if len(r.v4) != len(r.v4_counts) or not len(r.v6_hi) == len(v6_lo) == len(r.v6_counts):
+            return None
+        if any(len(n.prefix) not in (4, 16) for n in r.bans):
+            return None
+        counts = [(v.to_bytes(4, "big"), c) for v, c in zip(r.v4, r.v4_counts)]
+        counts += [((hi << 64 | lo).to_bytes(16, "big"), c) for hi, lo, c in zip(r.v6_hi, v6_lo, r.v6_counts)]
+        bans = tuple(BanNote(bytes(n.prefix), n.version, n.remaining_s, n.lifted) for n in r.bans)
+        out.append(ClassClients(r.key, ClientReport((r.v4_len, r.v6_len), tuple(counts), bans)))
+    return ClientReports(tuple(out))
+
+
+def pack_reports(reports: list[ClassClients], room: int) -> list[ClientReports]:
+    """Reports in as few datagrams as fit ``room`` bytes each (the datagram less its header and
+    tag); a report is never split (agent/clients.py sizes one to fit a datagram alone)."""
+    room -= 3                  # the oneof's tag and length
+    out: list[list[ClassClients]] = []
+    used = room
+    for entry in reports:
+        body = report_bytes(entry.report)
+        cost = 1 + (body.bit_length() + 6) // 7 + body        # tag, length, body
+        if used + cost > room:
+            out.append([])
+            used = 0
+        out[-1].append(entry)
+        used += cost
+    return [ClientReports(tuple(group)) for group in out]
 
 
 # A round sends a class's value to several targets, and each datagram converts and sizes it

@@ -1,10 +1,12 @@
 /* drl's datapath: a tc egress classifier (clsact, direct-action) for IPv4/IPv6.
  *
- * Every packet goes classify -> police -> count -> sample, from map state
- * alone: the kernel never waits for Python (design.md).  agent/datapath.py
+ * Every packet goes classify -> clients -> police -> count -> sample, from map
+ * state alone: the kernel never waits for Python (design.md).  agent/datapath.py
  * compiles this file with bcc, attaches it at egress, writes `settings`,
- * the classification maps (agent/classify.py lays them out), `config` and
- * `heartbeat`, and reads `counters`, `bypass_counters` and `flows`.
+ * the classification maps (agent/classify.py lays them out), `config`,
+ * `heartbeat` and the client maps, and reads `counters`, `bypass_counters`,
+ * `flows`, `client_windows` and `client_heavy`.  A second entry point, drl_ingress, drops
+ * banned clients' packets on their way in (docs/clients.md).
  * Layouts of every map value are in limiter.h.
  */
 #include <uapi/linux/bpf.h>
@@ -14,6 +16,7 @@
 #include <uapi/linux/ip.h>
 #include <uapi/linux/ipv6.h>
 #include <uapi/linux/udp.h>
+#include <uapi/linux/tcp.h>
 #include "limiter.h"
 
 BPF_ARRAY(settings, struct settings, 1);                 /* agent writes; classify, sample read */
@@ -33,6 +36,22 @@ BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent
 BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
 BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* sample writes; agent reads */
 BPF_PERCPU_ARRAY(clock_cache, struct clock_cache, 1);     /* clock_ns's own */
+/* Per client (docs/clients.md; limiter.c clients): each client's sliding
+ * window, and the clients whose count reached their class's line (heavy), so
+ * that the agent reads those and the few it follows, never all of them.  LRU:
+ * a flood of new clients (spoofed sources) evicts idle entries, not the
+ * clients that keep sending; an LRU map is always preallocated (its memory:
+ * bench/README.md, "Per-client accounting").  Bans are a plain hash: an
+ * eviction would unban.  The others take memory only for what they hold. */
+BPF_TABLE("lru_hash", struct client_key, struct client_window, client_windows, MAX_CLIENTS); /* clients write */
+BPF_F_TABLE("hash", struct client_key, __u8, client_heavy, MAX_CLIENT_HEAVY,
+	    BPF_F_NO_PREALLOC);                                 /* count_client adds; the agent drains */
+BPF_F_TABLE("hash", struct client_key, struct client_bucket, client_limits, MAX_CLIENT_LIMITS,
+	    BPF_F_NO_PREALLOC);                                 /* agent writes prices; throttle charges */
+BPF_F_TABLE("hash", struct client_key, __u64, client_bans, MAX_CLIENT_BANS,
+	    BPF_F_NO_PREALLOC);                                 /* agent writes until_ns; banned reads */
+BPF_F_TABLE("lpm_trie", struct exempt_key, __u8, client_exempt, MAX_CLIENT_EXEMPT,
+	    BPF_F_NO_PREALLOC);                                 /* agent writes; exempt_client reads */
 
 /* TCP and UDP both start with the two ports.  l4 is where the transport
  * header would be; ports stay 0 for other protocols and short packets. */
@@ -213,6 +232,14 @@ static __always_inline __s64 classify(const struct settings *s, const struct flo
 	return first_match(longest_prefix(s->src_lengths, k->src, k->family, 1), k);
 }
 
+/* The agent's own traffic as egress packets look: UDP from its gossip port, TCP to
+ * the registry's port (settings.gossip_port must be set: 0 exempts nothing). */
+static __always_inline int agent_ports(const struct settings *s, const struct flow_key *k)
+{
+	return (k->proto == IPPROTO_UDP && k->sport == s->gossip_port) ||
+	       (k->proto == IPPROTO_TCP && s->registry_port && k->dport == s->registry_port);
+}
+
 /* The agent's own gossip is never policed, whatever the class rules say:
  * UDP from its listen port (gossip_port) sent by its own socket, which the
  * agent marks with gossip_mark (SO_MARK, agent/transport.py; the kernel
@@ -227,8 +254,7 @@ static __always_inline int exempt(const struct settings *s, const struct flow_ke
 {
 	if (!s->gossip_port || mark != s->gossip_mark)
 		return 0;
-	return (k->proto == IPPROTO_UDP && k->sport == s->gossip_port) ||
-	       (k->proto == IPPROTO_TCP && s->registry_port && k->dport == s->registry_port);
+	return agent_ports(s, k);
 }
 
 /* The bytes the limit counts: the L2 frame as the kernel's qdiscs (tbf)
@@ -296,7 +322,8 @@ static __always_inline struct policy policy_of(const struct class_config *c, __u
  * packet would be 0.1 % too much at a million packets a second, whatever the
  * rate.  Rounding up costs at most as much the other way.  len < 2^20 (a
  * 512 KB BIG TCP skb included) and ns_per_byte <= 2^43 (agent/abi.py
- * MAX_NS_PER_BYTE): the product fits in 64 bits. */
+ * MAX_NS_PER_BYTE): the product fits in 64 bits.  A client bucket's len is in
+ * its measure's unit, under the price abi.MAX_NS_PER_UNIT allows for it. */
 static __always_inline __u64 cost_ns(__u64 len, __u64 ns_per_byte)
 {
 	return (len * ns_per_byte + (1ULL << NS_FRAC_BITS) - 1) >> NS_FRAC_BITS;
@@ -329,7 +356,7 @@ static __always_inline __u64 convert_ns(__u64 ns, __u64 from, __u64 to, __u64 ca
  * new price against the old tat meanwhile is off by its own cost at most.  A
  * CPU that moves tat between our read and our cmpxchg makes us read again
  * (4 tries: the verifier wants a bound; all 4 lost leave the credit as time). */
-static __always_inline void rescale(struct bucket *b, const struct policy *p, __u64 was, __u64 now)
+static __always_inline void rescale(struct gcra *b, const struct policy *p, __u64 was, __u64 now)
 {
 	if (__sync_val_compare_and_swap(&b->ns_per_byte, was, p->ns_per_byte) != was || !was)
 		return;  /* another CPU converts; or a fresh bucket (0: tat is plain time) */
@@ -369,8 +396,8 @@ static __always_inline void rescale(struct bucket *b, const struct policy *p, __
  * clock reading is at most the true time, so over any interval the bucket
  * passes at most rate x time + depth + one packet per CPU
  * (tests/unit/test_bucket_model.py), and a refusal is checked on the fine
- * clock (below). */
-static __always_inline int take_tokens(struct bucket *b, const struct policy *p, __u64 len, __u64 now)
+ * clock (below).  A class's bucket and a throttled client's (throttle) alike. */
+static __always_inline int take_tokens(struct gcra *b, const struct policy *p, __u64 len, __u64 now)
 {
 	__u64 was = b->ns_per_byte, tat, full;
 
@@ -456,7 +483,7 @@ static __always_inline __u64 police(__u32 class_id, __u64 len, __u64 now)
 	 * ([Raghavan07] Fig. 1, lines 4-6). */
 	if (p.mode == MODE_DROP && (__u64)bpf_get_prandom_u32() < c->drop_prob)
 		return refuse(c);
-	if (p.mode == MODE_BUCKET && !take_tokens(b, &p, len, now))
+	if (p.mode == MODE_BUCKET && !take_tokens(&b->gcra, &p, len, now))
 		return refuse(c);
 	if (c->quota_seq && !take_quota(b, c, len))
 		return refuse(c);
@@ -480,6 +507,207 @@ static __always_inline int shape(struct __sk_buff *skb, __u32 class_id, __u64 no
 	return 1;
 }
 
+/* Clients (docs/clients.md, "The kernel part"): a class with a client rule
+ * counts, throttles and bans each client, its remote (client_side dst) or
+ * local (src) address cut to a prefix, by itself; the agent decides who is
+ * throttled or banned and merges what its peers count.  A class without a
+ * rule pays one test of client_side in its config. */
+#define CLIENT_PASSED 0
+#define CLIENT_THROTTLED 1
+#define CLIENT_BANNED 2
+
+/* ck (zeroed by the caller: it is a hash key, padding included) for the
+ * packet's client: its address on the rule's side, masked to the prefix. */
+static __always_inline void client_of(struct client_key *ck, const struct class_config *c, const struct flow_key *k,
+				      __u32 class_id)
+{
+	const __u32 *addr = c->client_side == CLIENT_SRC ? k->src : k->dst;
+
+	ck->class_id = class_id;
+	ck->family = k->family;
+	if (k->family == 4) {
+		ck->addr[0] = addr[0] & c->client_mask4;
+		return;
+	}
+	for (int w = 0; w < 4; w++)
+		ck->addr[w] = addr[w] & c->client_mask6[w];
+}
+
+/* The client's address lies in one of the class's exempt prefixes: it is
+ * nobody's client, whatever prefix holds it (one LPM lookup, for classes
+ * with exempt prefixes only). */
+static __always_inline int exempt_client(const struct class_config *c, const struct flow_key *k, __u32 class_id)
+{
+	struct exempt_key ek = { .prefixlen = 64 + (k->family == 4 ? 32 : 128), .class_id = class_id,
+				 .family = k->family };
+
+	if (!(c->client_flags & CLIENT_HAS_EXEMPT))
+		return 0;
+	__builtin_memcpy(ek.addr, c->client_side == CLIENT_SRC ? k->src : k->dst, sizeof(ek.addr));
+	return client_exempt.lookup(&ek) != NULL;
+}
+
+/* A ban ends by itself at until_ns (the agent's CLOCK_MONOTONIC, the clock of
+ * bpf_ktime_get_ns): no agent needs to be alive to lift it.  now is the
+ * coarse clock (clock_ns), up to two jiffies behind: a ban lasts at most
+ * 8 ms longer, never less. */
+static __always_inline int banned(struct client_key *ck, __u64 now)
+{
+	__u64 *until = client_bans.lookup(ck);
+
+	return until && now < *until;
+}
+
+/* A TCP SYN, a connection opened (SYN) or accepted (SYN-ACK): what conns
+ * counts.  Read here rather than in parse so only clients' classes pay for
+ * it; without ports (a later fragment, a short packet) there is no header. */
+static __always_inline __u64 tcp_syn(struct __sk_buff *skb, const struct flow_key *k)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	struct tcphdr *th = data + sizeof(struct ethhdr) + sizeof(struct ipv6hdr);
+
+	if (k->proto != IPPROTO_TCP || !(k->sport | k->dport))
+		return 0;
+	if (k->family == 4) {
+		if ((void *)(ip + 1) > end)
+			return 0;
+		th = (void *)ip + ip->ihl * 4;
+	}
+	if ((void *)(th + 1) > end)
+		return 0;
+	return th->syn;
+}
+
+/* A client's window as of window index (now / client_window_ns): the current
+ * count becomes the previous one, or both start at 0 after a quiet window.
+ * Not atomic: two CPUs crossing a window's end at once may lose the few
+ * units one of them added meanwhile (a count, not a limit: the buckets
+ * enforce). */
+static __always_inline void roll(struct client_window *w, __u64 index)
+{
+	__u64 at = w->index;
+
+	if (at == index)
+		return;
+	w->prev = at + 1 == index ? w->cur : 0;
+	w->cur = 0;
+	w->index = index;
+}
+
+/* The sliding estimate cur + prev x (the share of the previous window still
+ * in the last W): agent/clients.py sliding_count, the weight in 2^-16 units
+ * (into < W <= 2^47 ns: (W - into) << 16 fits; prev < 2^48 units). */
+static __always_inline __u64 sliding(const struct client_window *w, __u64 window_ns, __u64 index, __u64 now)
+{
+	__u64 weight = ((window_ns - (now - index * window_ns)) << 16) / window_ns;
+
+	return w->cur + ((w->prev * weight) >> 16);
+}
+
+/* Add units to the client's window w (NULL: no entry yet, made here; NOEXIST:
+ * if another CPU made it first, add to that one), keep clear_gen (see
+ * clients), and put the client in client_heavy the first time in a window its
+ * count reaches the class's line: the agent looks at it from its next tick
+ * until its count has faded to 0. */
+static __always_inline void count_client(const struct class_config *c, struct client_window *w,
+					 struct client_key *ck, __u64 units, __u32 clear_gen, __u64 now)
+{
+	__u64 index = now / c->client_window_ns;
+	__u8 one = 1;
+
+	if (!w) {
+		struct client_window fresh = { .index = index, .cur = units, .clear_gen = clear_gen };
+
+		if (client_windows.insert(ck, &fresh) == 0) {
+			if (units >= c->client_line && c->client_line)
+				client_heavy.update(ck, &one);
+			return;
+		}
+		w = client_windows.lookup(ck);
+		if (!w)
+			return;
+	}
+	if (w->clear_gen != clear_gen)
+		w->clear_gen = clear_gen;
+	roll(w, index);
+	if (units)
+		__sync_fetch_and_add(&w->cur, units);
+	if (w->flagged != index + 1 && c->client_line && sliding(w, c->client_window_ns, index, now) >= c->client_line) {
+		w->flagged = index + 1;
+		client_heavy.update(ck, &one);
+	}
+}
+
+/* What the packet costs a client bucket, in the rule's measure: its bytes, its
+ * segments, or 1 for a SYN and nothing for the rest of a connection's
+ * packets (a throttled conns client's established connections carry on). */
+static __always_inline __u64 units_of(const struct class_config *c, __u64 len, __u64 segs, __u64 syn)
+{
+	if (c->client_measure == MEASURE_BYTES)
+		return len;
+	return c->client_measure == MEASURE_PACKETS ? segs : syn;
+}
+
+/* A throttled client takes from its bucket (client_limits) at the price of
+ * its share of the threshold, or, when the class's config is stale (the
+ * agent went silent), of the safe share T/N: a dead agent's host never keeps
+ * a larger share than its fair one.  The class's GCRA (take_tokens),
+ * lock-free; 1 = passes. */
+static __always_inline int throttle(const struct class_config *c, struct client_bucket *b, __u64 units, __u64 now)
+{
+	struct policy p = { .ns_per_byte = b->ns_per_unit, .depth_ns = b->depth_ns, .mode = MODE_BUCKET };
+
+	if (!units)
+		return 1;
+	if (stale(c, now)) {
+		p.ns_per_byte = b->safe_ns_per_unit;
+		p.depth_ns = b->safe_depth_ns;
+	}
+	return take_tokens(&b->gcra, &p, units, now);
+}
+
+/* CLIENT_*: the client rule's verdict on an egress packet of a class with
+ * one.  In the order of docs/clients.md: an exempt address is left alone; a
+ * banned client is dropped and not counted (the ban already answers it);
+ * every other packet is counted, throttled or not (the agent shares the
+ * threshold by demand, so the counts are arrivals, not what passed); then a
+ * throttled client pays its bucket.
+ *
+ * Bans and buckets are looked up only for a client not known to be clear of
+ * both: its window keeps the settings.client_gen in which it was found so
+ * (clear_gen; 0: not clear), and the agent moves client_gen on whenever it
+ * bans a client or throttles a new one.  So a class with bans or throttled
+ * clients costs its other clients one lookup of each per new ban or
+ * throttle, not per packet (~40 ns each: bench/README.md, "Per-client
+ * accounting"). */
+static __always_inline __u64 clients(struct __sk_buff *skb, const struct settings *s, const struct class_config *c,
+				     const struct flow_key *k, __u32 class_id, __u64 len, __u64 now)
+{
+	struct client_key ck = {};
+	struct client_bucket *b = NULL;
+	struct client_window *w;
+	__u64 segs = skb->gso_segs ? skb->gso_segs : 1, units;
+	__u32 gen = s->client_gen;    /* once: an entry is marked clear only in the generation it was checked in */
+
+	if (exempt_client(c, k, class_id))
+		return CLIENT_PASSED;
+	client_of(&ck, c, k, class_id);
+	w = client_windows.lookup(&ck);
+	if (!w || w->clear_gen != gen) {
+		if ((c->client_flags & CLIENT_HAS_BANS) && banned(&ck, now))
+			return CLIENT_BANNED;
+		if (c->client_flags & CLIENT_HAS_LIMITS)
+			b = client_limits.lookup(&ck);
+	}
+	units = units_of(c, len, segs, c->client_measure == MEASURE_CONNS ? tcp_syn(skb, k) : 0);
+	count_client(c, w, &ck, units, b ? 0 : gen, now);
+	if (b && !throttle(c, b, units, now))
+		return CLIENT_THROTTLED;
+	return CLIENT_PASSED;
+}
+
 static __always_inline void count(struct counters *ctr, __u64 len, int passed)
 {
 	if (!ctr)
@@ -491,6 +719,26 @@ static __always_inline void count(struct counters *ctr, __u64 len, int passed)
 		ctr->dropped_bytes += len;
 		ctr->dropped_packets++;
 	}
+}
+
+/* A packet the client rule refused (CLIENT_THROTTLED or CLIENT_BANNED):
+ * counted as such, neither passed nor dropped.  The rule runs before the
+ * class's own policing, so the class's counters, and with them its demand
+ * (agent/estimator.py) and its flows, see only what its clients send within
+ * their limits: a client's excess is not this host's demand for a larger
+ * share of the class's limit, and it took none of the class's tokens.  A
+ * class in shadow mode lets it pass all the same, as refuse() does. */
+static __always_inline int refuse_client(struct counters *ctr, const struct class_config *c, __u64 why, __u64 len,
+					 int drop)
+{
+	if (ctr && why == CLIENT_BANNED) {
+		ctr->banned_bytes += len;
+		ctr->banned_packets++;
+	} else if (ctr) {
+		ctr->throttled_bytes += len;
+		ctr->throttled_packets++;
+	}
+	return c->shadow ? TC_ACT_OK : drop;
 }
 
 /* Not ours to police (non-IP, no class, exempt): count it and let it go. */
@@ -608,16 +856,17 @@ static __always_inline __u64 clock_ns(void)
 #define SKIP_CLOCK 4    /* now = 0: only with SKIP_POLICE (a bucket at time 0 refuses all) */
 
 /* Attached at tc egress (clsact, direct-action) by agent/datapath.py:
- * parse -> classify -> police -> count -> sample. */
+ * parse -> classify -> clients -> police -> count -> sample. */
 int drl_egress(struct __sk_buff *skb)
 {
 	struct flow_key key = {};
 	__u32 zero = 0, class_id;
 	__u64 len = wire_bytes(skb), now;
 	struct settings *s = settings.lookup(&zero);
+	struct class_config *c;
 	struct counters *ctr;
 	__s64 found;
-	__u64 verdict;
+	__u64 verdict, refused;
 
 	if (!s)
 		return TC_ACT_OK;
@@ -628,13 +877,68 @@ int drl_egress(struct __sk_buff *skb)
 		return bypass(len);
 	class_id = found;
 	now = (BENCH_SKIP & SKIP_CLOCK) ? 0 : clock_ns();
+	ctr = counters.lookup(&class_id);
+	c = config.lookup(&class_id);
+	refused = c && c->client_side ? clients(skb, s, c, &key, class_id, len, now) : CLIENT_PASSED;
+	if (refused)
+		return refuse_client(ctr, c, refused, len, DROP_ACTION);
 	if (BENCH_SKIP & SKIP_POLICE)
 		verdict = VERDICT_PASS;
 	else
 		verdict = shape(skb, class_id, now) ? VERDICT_PASS : police(class_id, len, now);
-	ctr = counters.lookup(&class_id);
 	count(ctr, len, verdict == VERDICT_PASS);
 	if (!(BENCH_SKIP & SKIP_FLOWS))
 		sample_flow(s, ctr, &key, class_id, len, verdict == VERDICT_PASS, now);
 	return verdict == VERDICT_DROP ? DROP_ACTION : TC_ACT_OK;
+}
+
+/* An ingress packet as the egress packets of its flow look: from us to its
+ * sender, so the class rules and the client's side mean the same. */
+static __always_inline void reverse(struct flow_key *k)
+{
+	__u32 addr[4];
+	__u16 port = k->sport;
+
+	__builtin_memcpy(addr, k->src, sizeof(addr));
+	__builtin_memcpy(k->src, k->dst, sizeof(addr));
+	__builtin_memcpy(k->dst, addr, sizeof(addr));
+	k->sport = k->dport;
+	k->dport = port;
+}
+
+/* Attached at tc ingress (clsact, direct-action) by agent/datapath.py while
+ * some class has a ban rule: a banned client's requests stop here instead of
+ * costing the server, and its connections cannot even start.  parse ->
+ * reverse -> classify -> banned?  Nothing else is done or counted here.
+ * Classification has no mark yet (0): a class matched by mark alone is
+ * banned at egress only.  The agent's own traffic passes by its ports alone
+ * (no mark on the way in): a peer's gossip is never cut off by a ban, and
+ * anyone may reach those two ports, which the agent authenticates. */
+int drl_ingress(struct __sk_buff *skb)
+{
+	struct flow_key key = {};
+	struct client_key ck = {};
+	__u32 zero = 0, class_id;
+	struct settings *s = settings.lookup(&zero);
+	struct class_config *c;
+	__s64 found;
+
+	if (!s || parse(skb, &key) < 0)
+		return TC_ACT_OK;
+	reverse(&key);
+	if (s->gossip_port && agent_ports(s, &key))
+		return TC_ACT_OK;
+	found = classify(s, &key, 0);
+	if (found == NO_CLASS)
+		return TC_ACT_OK;
+	class_id = found;
+	c = config.lookup(&class_id);
+	if (!c || !(c->client_flags & CLIENT_HAS_BANS) || exempt_client(c, &key, class_id))
+		return TC_ACT_OK;
+	client_of(&ck, c, &key, class_id);
+	if (!banned(&ck, clock_ns()))
+		return TC_ACT_OK;
+	/* skb->len, the frame: at ingress wire_len is the length without its
+	 * Ethernet header (set before the program's view puts it back). */
+	return refuse_client(counters.lookup(&class_id), c, CLIENT_BANNED, skb->len, TC_ACT_SHOT);
 }

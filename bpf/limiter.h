@@ -30,6 +30,19 @@
 #ifndef MAX_PREFIX_LENGTHS
 #error "MAX_PREFIX_LENGTHS comes from agent/abi.py"
 #endif
+#if !defined(MAX_CLIENTS) || !defined(MAX_CLIENT_LIMITS) || !defined(MAX_CLIENT_BANS) || !defined(MAX_CLIENT_EXEMPT) || \
+	!defined(MAX_CLIENT_HEAVY)
+#error "MAX_CLIENTS, MAX_CLIENT_LIMITS, MAX_CLIENT_BANS, MAX_CLIENT_EXEMPT, MAX_CLIENT_HEAVY come from agent/abi.py"
+#endif
+/* A class's client rule (class_config.client_*): the client's side, what its bucket
+ * counts, and which per-client maps the class uses (agent/abi.py CLIENT_*, MEASURES). */
+#if !defined(CLIENT_DST) || !defined(CLIENT_SRC) || !defined(MEASURE_BYTES) || !defined(MEASURE_PACKETS) || \
+	!defined(MEASURE_CONNS)
+#error "CLIENT_DST, CLIENT_SRC, MEASURE_* come from agent/abi.py"
+#endif
+#if !defined(CLIENT_HAS_LIMITS) || !defined(CLIENT_HAS_BANS) || !defined(CLIENT_HAS_EXEMPT)
+#error "CLIENT_HAS_* come from agent/abi.py"
+#endif
 /* What a policed packet gets: TC_ACT_STOLEN by default, TC_ACT_SHOT on
  * request.  SHOT returns NET_XMIT_DROP to the local TCP stack, which enters
  * CWR on every drop; STOLEN looks like a loss on the wire.  Measured in
@@ -127,6 +140,7 @@ struct settings {
 	__u16 registry_port;                     /*   or TCP to this port (etcd); 0 = none */
 	__u8  dst_lengths[MAX_PREFIX_LENGTHS];   /* net_key prefixlens in dst_nets, any order; > 8 + 128 = free */
 	__u8  src_lengths[MAX_PREFIX_LENGTHS];   /* the same for src_nets */
+	__u32 client_gen;                        /* moved on by a new ban or throttled client; never 0 (limiter.c clients) */
 };
 
 /* config[class_id]: what the agent decided for a class.
@@ -146,6 +160,16 @@ struct class_config {
 	__u32 mode;                /* MODE_* */
 	__u32 shadow;              /* 1 = a would-be drop is counted as dropped but passed (limiter.c refuse) */
 	__u32 shape_prio;          /* 0 = police; else the class's HTB handle, set as skb->priority (limiter.c shape) */
+	/* The class's client rule (agent/clients.py ClientRule; limiter.c clients), written by
+	 * set_client_rule and kept by set_class.  client_side 0: no rule, the only field a
+	 * packet of the class then reads. */
+	__u8  client_side;         /* 0, CLIENT_DST or CLIENT_SRC: the address that is the client */
+	__u8  client_measure;      /* MEASURE_*: the unit a client_limits bucket charges */
+	__u16 client_flags;        /* CLIENT_HAS_*: the class has entries in client_limits, client_bans, client_exempt */
+	__u32 client_mask4;        /* the client's prefix of an IPv4 address: addr & mask (network order) */
+	__u32 client_mask6[4];     /* the same for IPv6 */
+	__u64 client_window_ns;    /* the threshold's sliding window (limiter.c count_client) */
+	__u64 client_line;         /* a client whose count reaches it goes into client_heavy; in the measure's units */
 	/* The three buckets above as time, worked out by agent/bucket.py
 	 * (bucket_times) so that a packet never divides (limiter.c take_tokens):
 	 * ns_per_byte is 1e9 / rate in 2^-NS_FRAC_BITS ns (0 = rate 0), depth_ns
@@ -158,6 +182,13 @@ struct class_config {
 	__u64 floor_depth_ns;
 };
 
+/* A token bucket as virtual time (limiter.c take_tokens), a class's or a client's. */
+struct gcra {
+	__u64 tat;                 /* virtual time (GCRA): credit is now - tat ns at ns_per_byte, < 0 = debt */
+	__u64 ns_per_byte;         /* the price tat was last charged at (per byte, or per unit of a client
+	                            * rule's measure); 0 = fresh (limiter.c rescale) */
+};
+
 /* buckets[class_id]: bucket and quota state, written by the program (two
  * CPUs may police the same class at once: tat with atomics, the quota under
  * the lock).  agent/datapath.py reads quota_left (read_quota) and writes
@@ -165,8 +196,7 @@ struct class_config {
 struct bucket {
 	struct bpf_spin_lock lock; /* quota only */
 	__u32 quota_seq;           /* config.quota_seq that quota_left was loaded from */
-	__u64 tat;                 /* virtual time (GCRA): credit is now - tat ns at ns_per_byte, < 0 = debt */
-	__u64 ns_per_byte;         /* the price tat was last charged at; 0 = fresh (limiter.c rescale) */
+	struct gcra gcra;
 	__u64 quota_left;          /* bytes the class may still pass (when config.quota_seq != 0) */
 };
 
@@ -185,6 +215,12 @@ struct counters {
 	__u32 flow_every;          /* mean gap the current flow_skip was drawn with; 0 = 1 */
 	__u64 flow_mark_ns;        /* start of the window the packet rate is measured over */
 	__u64 flow_mark_packets;   /* passed + dropped packets at flow_mark_ns */
+	/* Refused by the class's client rule (limiter.c refuse_client), neither passed nor
+	 * dropped: last, off the cache line every packet of the class touches. */
+	__u64 throttled_bytes;     /* over a client_limits bucket (egress) */
+	__u64 throttled_packets;
+	__u64 banned_bytes;        /* from or to a client in client_bans (egress and ingress) */
+	__u64 banned_packets;
 };
 
 /* clock_cache[0] (per CPU): the coarse clock as of the jiffy it was read in
@@ -215,4 +251,51 @@ struct flow_stats {
 	__u64 last_ns;
 	__u32 class_id;
 	__u32 pad0;
+};
+
+/* Key of every per-client map but client_exempt: a client of a class, its address cut to
+ * the class's prefix (class_config.client_mask*).  Written by agent/datapath.py
+ * (_client_key) and the program (limiter.c client_of); read_heavy decodes it. */
+struct client_key {
+	__u32 class_id;
+	__u8  family;              /* 4 or 6 */
+	__u8  pad0[3];
+	__u32 addr[4];             /* network byte order; IPv4 uses word 0 */
+};
+
+/* client_windows: a client's sliding window counter ([RLDesign] "Sliding window counter
+ * algorithm") in its class's measure: the count of the fixed window [index W, (index + 1) W)
+ * of the program's clock and of the one before, as agent/clients.py Windows keeps them.
+ * Arrivals (throttled or not; not what a ban dropped, nor exempt addresses).  Written by
+ * the program (atomic adds); the agent reads the entries of the clients it follows
+ * (client_counts) and deletes those whose count must start over (forget_clients). */
+struct client_window {
+	__u64 index;               /* now / client_window_ns of the window cur counts */
+	__u64 prev;                /* the count of window index - 1 */
+	__u64 cur;
+	__u64 flagged;             /* index + 1 of the window it went into client_heavy in; 0 = never */
+	__u32 clear_gen;           /* the program's: settings.client_gen in which the client was found
+	                            * neither banned nor throttled; 0 = not (limiter.c clients) */
+	__u32 pad0;
+};
+
+/* client_limits: a throttled client's bucket.  The prices and depths are written by
+ * agent/datapath.py set_client_limits (agent/bucket.py unit_times, per unit of the
+ * class's client_measure); gcra is the program's, set empty (tat = now) on a new entry. */
+struct client_bucket {
+	struct gcra gcra;
+	__u64 ns_per_unit;         /* the client's share of the threshold as a price; 0 = rate 0 */
+	__u64 depth_ns;
+	__u64 safe_ns_per_unit;    /* when the class's config is stale (limiter.c stale): T/N */
+	__u64 safe_depth_ns;
+};
+
+/* client_exempt: an LPM trie of exempt prefixes per class.  The data compared is class_id,
+ * family, then the address, so prefixlen is 64 + the prefix's length.  Written by
+ * agent/datapath.py set_client_rule; the value is unused (1). */
+struct exempt_key {
+	__u32 prefixlen;
+	__u32 class_id;
+	__u32 family;              /* 4 or 6 */
+	__u32 addr[4];             /* network byte order; IPv4 uses word 0 */
 };

@@ -25,7 +25,7 @@ from drl.agent.allocators import names as allocator_names
 from drl.agent.control import DEFAULT_SOCKET, ControlError, request
 from drl.agent import logs
 from drl.cli import configfile
-from drl.cli.params import DURATION, PROBABILITY, QUOTA, RATE, SIZE, version_option
+from drl.cli.params import CLIENT_KEY, DURATION, PREFIX, PROBABILITY, QUOTA, RATE, SIZE, SPAN, THRESHOLD, version_option
 
 DEFAULT_PORT = 7470
 
@@ -97,6 +97,20 @@ def main() -> None:
 @click.option("--enforce", type=click.Choice(["police", "shape"]), default="police", show_default=True,
               help="How every class's local limit is enforced: police (drop what exceeds it) or shape (queue "
                    "it in an HTB class at that rate) (per class: enforce = \"shape\" in --config; docs/config.md).")
+@click.option("--client-key", type=CLIENT_KEY,
+              help="Per-client rule: who a client is, dst/LEN or dst/LEN4/LEN6 (remote address of egress "
+                   "packets; src = local), e.g. dst/32 (docs/clients.md) [default: no per-client rule].")
+@click.option("--client-measure", type=click.Choice(["bytes", "packets", "conns"]),
+              help="Per-client rule: what is counted (conns = TCP connections opened or accepted) [default: bytes].")
+@click.option("--client-threshold", type=THRESHOLD,
+              help="Per-client rule: a rate (2mbit) or COUNT/WINDOW (2000/1200s), counted across all hosts.")
+@click.option("--client-action", type=click.Choice(["throttle", "ban"]),
+              help="Per-client rule: throttle (drop above the threshold) or ban (cut off for the rest of the "
+                   "window plus --ban-duration) [default: throttle].")
+@click.option("--ban-duration", "ban_duration_s", type=SPAN,
+              help="Per-client rule, action ban: how long a ban lasts after its window [default: 0s].")
+@click.option("--client-exempt", multiple=True, type=PREFIX, metavar="PREFIX",
+              help="Per-client rule: addresses or prefixes never counted, throttled or banned (repeatable).")
 @click.option("--state-dir", default="/var/lib/drl", show_default=True,
               help="Where allocators that must survive a restart keep their state (dqmp).")
 @click.option("--gossip-mark", type=MARK, default=f"{GOSSIP_MARK:#x}", show_default=True,

@@ -29,10 +29,13 @@ import click
 
 # Options that belong to one class; the rest are agent-wide.
 CLASS_OPTIONS = ("global_Bps", "allocator", "class_specs", "burst_bytes", "safe_Bps", "ewma", "flow_ewma",
-                 "eta", "quota", "lease_servers", "on_lease_loss", "shadow", "enforce")
+                 "eta", "quota", "lease_servers", "on_lease_loss", "shadow", "enforce",
+                 "client_key", "client_measure", "client_threshold", "client_action", "ban_duration_s",
+                 "client_exempt")
 PER_CLASS_ONLY = ("global_Bps", "class_specs")        # a default for every class makes no sense
 NOT_IN_FILE = ("config",)          # the file does not name itself
-_FILE_KEY = {"class_specs": "match"}
+_FILE_KEY = {"class_specs": "match", "client_key": "client", "client_measure": "measure",
+             "client_threshold": "threshold", "client_action": "action", "client_exempt": "exempt"}
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 

@@ -6,6 +6,8 @@ Examples:
     drlctl --socket /run/drl/eth0.sock status --json
     drlctl classes
     drlctl set gold --global 100mbit
+    drlctl clients gold
+    drlctl unban 203.0.113.0/24
     drlctl top
     drlctl import /etc/drl/drl.toml --registry etcd://10.0.0.9:2379 --cluster prod
 """
@@ -131,6 +133,78 @@ def render(st: dict) -> str:
     for key, value in sorted(st.get("allocator_state", {}).items()):
         lines.append(f"  {st['allocator']}.{key} = {value}")
     return "\n".join(lines)
+
+
+@main.command()
+@click.argument("class_name", metavar="[CLASS]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the clients as JSON (*_count per window; *_bps = bits/s).")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Clients per class.")
+@click.pass_obj
+def clients(socket_path: str, class_name: str | None, as_json: bool, limit: int) -> None:
+    """The top clients of each class with a client rule (or of CLASS): global and local
+    counts, state (ok, throttled, banned until T) and the hosts that see them.
+
+    \b
+    Examples:
+      drlctl clients
+      drlctl clients gold --json | jq '.[0].clients[0]'
+    """
+    args = {"limit": limit} if class_name is None else {"class": class_name, "limit": limit}
+    show(ask(socket_path, "clients", **args)["classes"], as_json, render_clients)
+
+
+@main.command()
+@click.argument("prefix", metavar="PREFIX")
+@click.option("--class", "class_name", metavar="NAME", help="Only this class's bans [default: every class].")
+@click.pass_obj
+def unban(socket_path: str, prefix: str, class_name: str | None) -> None:
+    """Lift every ban PREFIX covers (or the one an address lies in), on every agent: this one
+    now, the others with its next reports.
+
+    \b
+    Examples:
+      drlctl unban 203.0.113.0/24
+      drlctl unban 198.51.100.7 --class api
+    """
+    args = {"prefix": prefix} if class_name is None else {"prefix": prefix, "class": class_name}
+    for lifted in ask(socket_path, "unban", **args)["lifted"]:
+        click.echo(f"unbanned {lifted['client']} in class {lifted['class']}")
+
+
+def render_clients(classes: list[dict]) -> str:
+    """Per class its rule, then one aligned row per client."""
+    if not classes:
+        return "no class has a client rule (docs/clients.md)"
+    out = []
+    for c in classes:
+        rule = f"client {c['client_key']}   {c['measure']}   threshold {c['threshold']['text']}   {c['action']}"
+        if c["action"] == "ban":
+            rule += f" (+{c['ban_duration_s']:g} s)"
+        cells = [["CLIENT", "GLOBAL", "LOCAL", "STATE", "HOSTS"]]
+        cells += [[r["client"], _amount(c, r, "global"), _amount(c, r, "local"), _state(c, r),
+                   ",".join(r["hosts"]) or "-"] for r in c["clients"]]
+        widths = [max(len(row[i]) for row in cells) for i in range(5)]
+        out += [f"class {c['name']}   {rule}"]
+        out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(out)
+
+
+def _amount(c: dict, row: dict, which: str) -> str:
+    if row["state"] == "banned":
+        return "-"
+    if c["measure"] == "bytes":
+        return format_rate(row[f"{which}_bps"] / 8)
+    return f"{row[f'{which}_count']:.0f}/{c['threshold']['window_s']:g}s"
+
+
+def _state(c: dict, row: dict) -> str:
+    if row["state"] == "banned":
+        return f"banned for {row['banned_for_s']:.0f} s"
+    if row["state"] == "throttled":
+        share = (format_rate(row["share_bps"] / 8) if c["measure"] == "bytes"
+                 else f"{row['share_count']:.0f}/{c['threshold']['window_s']:g}s")
+        return f"throttled, share {share}"
+    return "ok"
 
 
 @main.command("import")

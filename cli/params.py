@@ -9,7 +9,7 @@ import importlib.util
 
 import click
 
-from drl.agent import units
+from drl.agent import clients, units
 
 
 def version_option(command):
@@ -81,4 +81,35 @@ class ProbabilityType(_UnitType):
         return p
 
 
+class SpanType(_UnitType):
+    """A duration that may be 0 ('0s', '3600s', '1h') -> seconds (a ban's extra time)."""
+    name = "duration"
+
+    @staticmethod
+    def parse(text):
+        seconds = units.parse_duration(text)
+        if seconds < 0:
+            raise units.UnitError(f"duration must be 0 or more: {text!r}")
+        return seconds
+
+
+class ClientKeyType(_UnitType):
+    """Who a client is: 'dst/32', 'dst/24/56', 'src/64' (agent/clients.py)."""
+    name = "client-key"
+    parse = staticmethod(clients.parse_client_key)
+
+
+class ThresholdType(_UnitType):
+    """A per-client threshold: a rate ('2mbit') or COUNT/WINDOW ('2000/1200s')."""
+    name = "threshold"
+    parse = staticmethod(clients.parse_threshold)
+
+
+class PrefixType(_UnitType):
+    """An address or CIDR prefix, either family."""
+    name = "prefix"
+    parse = staticmethod(clients.parse_prefix)
+
+
 RATE, SIZE, DURATION, QUOTA, PROBABILITY = RateType(), SizeType(), DurationType(), QuotaType(), ProbabilityType()
+SPAN, CLIENT_KEY, THRESHOLD, PREFIX = SpanType(), ClientKeyType(), ThresholdType(), PrefixType()

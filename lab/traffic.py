@@ -176,14 +176,15 @@ def iperf3_server(host: Host, port: int | None = None) -> Server:
 
 def iperf3_start(host: Host, server: Server, *, seconds: int, streams: int = 1, udp_bps: float | None = None,
                  length: int | None = None, cpu: int | None = None, ipv6: bool = False,
-                 cc: str | None = "cubic", bitrate_bps: float | None = None) -> Client:
+                 cc: str | None = "cubic", bitrate_bps: float | None = None, dst: str | None = None) -> Client:
     """Start a client on ``host`` towards ``server`` (TCP, or UDP at udp_bps bits/s); .wait() for the result.
 
     cc: TCP congestion control; cubic unless told, whatever the host's default is.
+    dst: another of the server host's addresses to connect to (default: its first).
     """
     if int(seconds) != seconds or seconds < 1:
         raise ValueError(f"iperf3 runs whole seconds >= 1, not {seconds}")   # -t 0 runs forever
-    dst = server.host.addr6 if ipv6 else server.addr
+    dst = dst or (server.host.addr6 if ipv6 else server.addr)
     argv = client_argv(dst, server.port, int(seconds), streams, "-J", udp_bps=udp_bps, length=length, cc=cc,
                        bitrate_bps=bitrate_bps)
     return Client(host.popen(*argv, cpu=cpu, capture=True), udp_bps is not None)

@@ -500,3 +500,50 @@ def test_the_worst_report_fits_one_datagram_with_the_longest_header():
     assert report_bytes(ipv4) == 5 + 2 + 2 + 2 * (3 + 4 * clients.REPORT_K)    # 8 bytes a client
     ipv6 = ClientReport(V4_64, tuple((ip(f"2001:db8:0:{i:x}::"), 1e6) for i in range(clients.REPORT_K)))
     assert report_bytes(ipv6) == 5 + 2 + 2 + (3 + 8 * clients.REPORT_K) + (3 + 4 * clients.REPORT_K)   # 12
+
+
+# -- windows kept elsewhere (the kernel) --------------------------------------------------
+
+
+class KernelModel:
+    """What bpf/limiter.c does for one class, with Windows as its arithmetic: counts arrivals
+    of clients not banned, flags a client once its count reaches the line, starts a client
+    over when the agent resets it."""
+
+    def __init__(self, window_s: float):
+        self.windows, self.bans, self.line = Windows(window_s, 0.0), {}, 0.0
+        self.flagged: set = set()
+
+    def arrive(self, now_s: float, deltas: dict) -> None:
+        # an interval's arrivals as if at its end, as tick's deltas are taken
+        self.windows.add(now_s, {c: d for c, d in deltas.items() if self.bans.get(c, 0.0) <= now_s})
+        self.flagged |= set(self.windows.counts(now_s, at_least=self.line) if self.line else ())
+
+    def ask(self, table: ClientTable, now_s: float) -> dict:
+        wanted, self.flagged = table.wanted() | self.flagged, set()
+        return self.windows.counts(now_s, wanted)
+
+    def apply(self, tick) -> None:
+        self.bans, self.line = dict(tick.bans), tick.line
+        for c in tick.resets:
+            self.windows.clear(c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from([HEAVY, *LIGHT[:3]]), st.floats(0, 3e5), max_size=4),
+                min_size=5, max_size=40), st.sampled_from(["throttle", "ban"]))
+def test_windows_in_the_kernel_decide_as_windows_here(trace, action):
+    """tick_counts on a model of the kernel's counters (which reads only the wanted and newly
+    heavy clients) throttles and bans exactly as tick on the deltas, tick after tick."""
+    r = rule(action=action, ban_duration_s=0.5 if action == "ban" else None)
+    here, there = ClientTable(r, 1.0, 0.0), ClientTable(r, 1.0, 0.0)
+    kernel = KernelModel(r.window_s)
+    kernel.line = there.line(2)                      # the agent writes it with the rule
+    for k, deltas in enumerate(trace, 1):
+        now = 0.1 * k
+        a = here.tick(now, deltas, 2)
+        kernel.arrive(now, deltas)
+        b = there.tick_counts(now, kernel.ask(there, now), 2)
+        kernel.apply(b)
+        assert a.limits == pytest.approx(b.limits) and a.bans == pytest.approx(b.bans)
+        assert dict(a.report.counts) == pytest.approx(dict(b.report.counts))

@@ -130,3 +130,63 @@ def test_peers_need_a_key_but_a_lone_agent_does_not(tmp_path):
         load(tmp_path, GOOD.replace("insecure = true\n", ""))
     lone = load(tmp_path, '[agent]\niface = "lo"\n[[class]]\nname = "x"\nglobal = "1mbit"\n')
     assert lone.standalone and lone.key is None
+
+
+CLIENTS = """\
+[agent]
+iface = "lo"
+node_id = "a"
+interval = "100ms"
+
+[[class]]
+name = "gold"
+global = "50mbit"
+client = "dst/24"
+threshold = "2mbit"
+exempt = ["10.0.0.0/8", "2001:db8::1"]
+
+[[class]]
+name = "api"
+global = "20mbit"
+client = "src/32/56"
+measure = "conns"
+threshold = "2000/1200s"
+action = "ban"
+ban_duration = "3600s"
+"""
+
+
+def test_client_rules_come_from_the_file_with_the_papers_keys(tmp_path):
+    gold, api = load(tmp_path, CLIENTS).classes
+    assert str(gold.client.key) == "dst/24/64" and gold.client.measure == "bytes"
+    assert gold.client.action == "throttle" and gold.client.limit == 250_000 and gold.client.window_s == 1.0
+    assert [str(n) for n in gold.client.exempt] == ["10.0.0.0/8", "2001:db8::1/128"]
+    assert str(api.client.key) == "src/32/56" and api.client.measure == "conns"
+    assert (api.client.limit, api.client.window_s, api.client.ban_duration_s) == (2000, 1200, 3600)
+
+
+def test_client_flags_make_the_default_class_rule_and_override_the_file(tmp_path):
+    assert load(tmp_path, GOOD).classes[0].client is None   # no key, no rule
+    cfg = load(tmp_path, GOOD, "--global", "10mbit", "--client-key", "dst/32", "--client-threshold", "1mbit",
+               "--client-action", "ban", "--ban-duration", "0s", "--client-exempt", "192.0.2.7")
+    default = cfg.classes[0]
+    assert default.name == "default" and default.client.action == "ban" and default.client.limit == 125_000
+    assert [str(n) for n in default.client.exempt] == ["192.0.2.7/32"]
+    assert all(c.client == default.client for c in cfg.classes)   # a class flag given goes into every class
+
+
+@pytest.mark.parametrize("table, where, what", [
+    ('client = "dst/33/64"\nthreshold = "1mbit"\n', ":6:", "at most 32"),
+    ('client = "dst/32"\nthreshold = "2000"\n', ":7:", "COUNT/WINDOW"),
+    ('client = "dst/32"\nmeasure = "packets"\nthreshold = "2mbit"\n', "class 'x'", "'2000/1s'"),
+    ('client = "dst/32"\nthreshold = "1mbit"\nban_duration = "60s"\n', "class 'x'", "ban_duration applies"),
+    ('threshold = "1mbit"\n', "class 'x'", "without a client key"),
+    ('client = "dst/32"\nmeasure = "packets"\nthreshold = "100/50ms"\n', "class 'x'", "shorter than the interval"),
+    ('client = "dst/32"\nthreshold = "1mbit"\nexempt = ["nowhere"]\n', ":8:", "not an address"),
+    ('client = "dst/32"\nthreshold = "1mbit"\naction = "jail"\n', ":8:", "jail"),
+])
+def test_a_bad_client_rule_is_one_line(tmp_path, table, where, what):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, '[agent]\niface = "lo"\n[[class]]\nname = "x"\nglobal = "1mbit"\n' + table)
+    msg = str(e.value)
+    assert "\n" not in msg and where in msg and what in msg, msg

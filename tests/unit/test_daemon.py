@@ -43,7 +43,9 @@ STATUS_KEYS = {
     # issue 17: etcd's state (null without --registry)
     "registry",
     # issue 20 item 2: police or shape
-    "enforce"}
+    "enforce",
+    # issue 15: per-client throttle and ban (the class's client rule and its refusals)
+    "throttled_bytes", "throttled_packets", "banned_bytes", "banned_packets", "clients"}
 # The issue's contract for each entry of "classes".
 CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "local_limit_bps", "demand_bps",
               "drop_probability", "passed_bytes", "dropped_bytes", "limit_version"}

@@ -14,9 +14,10 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from drl.agent.clients import MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport
 from drl.agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
-from drl.agent.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassValue, Header, KeyFileError, LimitNote, Message,
-                        Reason, SeqWindow, decode, encode, load_key)
+from drl.agent.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassClients, ClassValue, ClientReports, Header,
+                        KeyFileError, LimitNote, Message, Reason, SeqWindow, decode, encode, load_key, pack_reports)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KEY = b"k" * 32
@@ -34,9 +35,18 @@ def update(value: float) -> Batch:
     return Batch((ClassValue(key=0xC0FFEE, seq=9, value=value, version=2, local_Bps=625_000.0),))
 
 
+def clients(v6_len: int = 64) -> ClientReports:
+    """Two classes' per-client reports: IPv4 and IPv6 clients, a ban and a tombstone (counts
+    and times float32-exact: they travel as 4-byte floats)."""
+    v6 = bytes.fromhex("20010db8000700000000000000000000")
+    report = ClientReport((24, v6_len), ((bytes([198, 51, 100, 0]), 250_000.0), (v6, 1.5)),
+                          (BanNote(bytes([203, 0, 113, 0]), 3, 59.5), BanNote(v6, 2**40, 10.25, lifted=True)))
+    return ClientReports((ClassClients(0xC0FFEE, report), ClassClients(7, ClientReport((32, 64)))))
+
+
 PAYLOADS = [update(1_250_000.0), update(0.0), Batch(), Batch((), (LimitNote(5, 2, 1.25e6),)), Transfer(7, 1e6, 3e6),
             TransferAck(7, False, 3e6), TransferAck(8, True, 0.0), LeaseRequest(5e5),
-            LeaseGrant(4e5, 10.0, 2.5), Report(1e9, 2e9)]
+            LeaseGrant(4e5, 10.0, 2.5), Report(1e9, 2e9), clients(), clients(v6_len=128)]
 
 
 def test_checked_in_code_is_current(tmp_path):
@@ -190,3 +200,41 @@ def test_the_module_example_runs():
 
     import drl.agent.wire
     assert doctest.testmod(drl.agent.wire).failed == 0
+
+
+def test_the_longest_client_report_fits_one_datagram_behind_the_longest_header():
+    """docs/clients.md "Report size": 32 IPv6 /128 clients and 6 IPv6 tombstones with 64-bit
+    versions, behind 64-character cluster and node ids and 64-bit sequence and incarnation."""
+    v6 = [bytes([0xFF] * 16)] * REPORT_K
+    report = ClientReport((32, 128), tuple((c, 3.4e38) for c in v6),
+                          tuple(BanNote(bytes([0xFF] * 16), 2**64 - 1, 3.4e38, True) for _ in range(MAX_BAN_NOTES)))
+    long = header(cluster="c" * 64, node="n" * 64, dst="d" * 64, seq=2**64 - 1, incarnation=2**64 - 1,
+                  class_id=0)
+    data = encode(Message(long, ClientReports((ClassClients(2**32 - 1, report),))), KEY)
+    assert len(data) <= MAX_DATAGRAM
+    assert decode(data, KEY, "c" * 64).payload.reports[0].report.counts[0][0] == v6[0]
+
+
+_client = st.one_of(st.binary(min_size=4, max_size=4), st.binary(min_size=16, max_size=16))
+_report = st.builds(
+    lambda counts, bans: ClientReport((32, 128), tuple(counts), tuple(bans)),
+    st.lists(st.tuples(_client, st.integers(0, 2**20).map(float)), max_size=REPORT_K),
+    st.lists(st.builds(BanNote, _client, st.integers(1, 2**64 - 1), st.integers(1, 2**20).map(float),
+                       st.booleans()), max_size=MAX_BAN_NOTES))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), _report), max_size=12))
+def test_client_reports_are_packed_into_datagrams_that_fit_and_carry_each_report_once(reports):
+    entries = [ClassClients(key, r) for key, r in reports]
+    h = header(dst="", class_id=0)
+    room = MAX_DATAGRAM - len(encode(Message(h, Batch()), KEY))
+    out = []
+    for payload in pack_reports(entries, room):
+        data = encode(Message(h, payload), KEY)
+        assert len(data) <= MAX_DATAGRAM and payload.reports
+        out += decode(data, KEY, CLUSTER).payload.reports
+    # the wire keeps IPv4 and IPv6 clients in arrays of their own: each family's order stays
+    by_family = [ClassClients(e.key, ClientReport(e.report.lengths, tuple(sorted(e.report.counts,
+                 key=lambda cv: len(cv[0]))), e.report.bans)) for e in entries]
+    assert out == by_family

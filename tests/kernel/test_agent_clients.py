@@ -1,0 +1,191 @@
+"""Per-client throttle and ban in real agents, counted across hosts (docs/clients.md).
+
+Topology (lab/topology.py's star): agents on h1..h3 limit their eth0 egress; h4 is the
+clients' namespace, holding 20 client addresses besides its own.  Traffic from the
+servers to a client address is that client's (``dst/32``): downloads, and the SYN-ACKs
+of the connections it opens.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from drl.lab.agents import Agent, installed
+from drl.lab.metrics import within
+from drl.lab.netns import Host
+from drl.lab.traffic import iperf3_server, iperf3_start
+
+pytestmark = pytest.mark.kernel
+
+HEAVY = "10.0.0.100"
+LIGHTS = [f"10.0.0.{101 + i}" for i in range(19)]
+PORT = 8080                   # the servers' TCP listener for connection counting
+
+# Accepts and closes connections until killed.
+LISTENER = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(512)
+while True:
+    s.accept()[0].close()
+"""
+
+# Connects from argv[1] to port argv[5] of each of argv[2] (comma-separated) in turn, one
+# attempt per argv[3] seconds, for argv[4] seconds; a line per attempt: monotonic time,
+# target, ok.
+PROBE = """
+import json, socket, sys, time
+src, targets, every, seconds = sys.argv[1], sys.argv[2].split(","), float(sys.argv[3]), float(sys.argv[4])
+port = int(sys.argv[5])
+end, i = time.monotonic() + seconds, 0
+while time.monotonic() < end:
+    t, dst = time.monotonic(), targets[i % len(targets)]
+    s = socket.socket()
+    s.bind((src, 0))
+    s.settimeout(0.3)
+    try:
+        s.connect((dst, port))
+        ok = True
+    except OSError:
+        ok = False
+    s.close()
+    print(json.dumps([t, dst, ok]), flush=True)
+    i += 1
+    time.sleep(max(0.0, t + every - time.monotonic()))
+"""
+
+
+def add_clients(host: Host) -> None:
+    for addr in [HEAVY, *LIGHTS]:
+        host.run("ip", "addr", "add", f"{addr}/24", "dev", "eth0")
+
+
+def listen(hosts: list[Host]) -> None:
+    for h in hosts:
+        h.popen(sys.executable, "-c", LISTENER, str(PORT))
+    deadline = time.monotonic() + 5
+    while not all(h.listening(PORT) for h in hosts):
+        assert time.monotonic() < deadline, "listeners did not start"
+        time.sleep(0.05)
+
+
+def probe(client: Host, targets: list[Host], every_s: float, seconds: float) -> list[tuple[float, str, bool]]:
+    """Connection attempts from HEAVY to the targets in turn, one per ``every_s``."""
+    proc = client.popen(sys.executable, "-c", PROBE, HEAVY, ",".join(h.addr4 for h in targets), str(every_s),
+                        str(seconds), str(PORT), capture=True)
+    out, _ = proc.communicate(timeout=seconds + 10)
+    return [tuple(json.loads(line)) for line in out.splitlines()]
+
+
+def clients(agent: Agent) -> dict[str, dict]:
+    from drl.agent.control import request
+    reply = request(agent.socket, "clients", limit=50)
+    return {row["client"]: row for c in reply["classes"] for row in c["clients"]}
+
+
+def drlctl(agent: Agent, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([installed("drlctl"), "--socket", agent.socket, *args], capture_output=True, text=True,
+                          timeout=10)
+
+
+def counted_bytes(client: Host, addr: str) -> int:
+    """IP bytes h4 received for ``addr`` (an nftables counter, made on first use)."""
+    table = "drltest"
+    if table not in client.run("nft", "list", "tables"):
+        client.run("nft", "add", "table", "inet", table)
+        client.run("nft", "add", "chain", "inet", table, "in", "{ type filter hook input priority 0 ; }")
+        client.run("nft", "add", "rule", "inet", table, "in", "ip", "daddr", addr, "counter")
+    out = client.run("nft", "-j", "list", "chain", "inet", table, "in")
+    rules = [e["rule"] for e in json.loads(out)["nftables"] if "rule" in e]
+    return next(x["counter"]["bytes"] for x in rules[0]["expr"] if "counter" in x)
+
+
+@pytest.mark.slow
+def test_a_heavy_client_of_three_hosts_gets_its_threshold_and_light_ones_are_untouched(net4, cluster):
+    *servers, client = net4.hosts
+    add_clients(client)
+    agents = cluster(net4).start_mesh(servers, "fps", "400mbit", "--client-key", "dst/32",
+                                      "--client-threshold", "6mbit")
+    iperfs = [iperf3_server(client, 5201 + i) for i in range(3 + len(LIGHTS))]
+    try:
+        heavy = [iperf3_start(h, s, seconds=26, dst=HEAVY) for h, s in zip(servers, iperfs)]
+        light = [iperf3_start(servers[i % 3], s, seconds=24, bitrate_bps=0.4e6, dst=addr)
+                 for i, (s, addr) in enumerate(zip(iperfs[3:], LIGHTS))]
+        time.sleep(4)
+        before, t0 = counted_bytes(client, HEAVY), time.monotonic()
+        time.sleep(20)
+        rate_bps = (counted_bytes(client, HEAVY) - before) * 8 / (time.monotonic() - t0)
+        rows = [clients(a) for a in agents]
+        for run in heavy:
+            run.wait()
+        light_bps = [run.wait().received_bps for run in light]
+        statuses = [a.status() for a in agents]
+    finally:
+        for s in iperfs:
+            s.__exit__()
+    # three per-host limiters would give it 18 Mbit/s; IP bytes are ~1 % below the L2 bytes counted
+    assert within(rate_bps, 6e6, 0.10), rate_bps
+    assert all(r[f"{HEAVY}/32"]["state"] == "throttled" for r in rows), rows
+    assert all(r.get(f"{addr}/32", {"state": "ok"})["state"] == "ok" for r in rows for addr in LIGHTS)
+    assert all(within(bps, 0.4e6, 0.10) for bps in light_bps), light_bps
+    assert all(st["throttled_bytes"] > 0 and st["clients"]["throttled"] == 1 for st in statuses)
+
+
+@pytest.mark.slow
+def test_a_ban_on_connections_cuts_a_client_off_on_every_host_and_ends_on_time(net4, cluster):
+    *servers, client = net4.hosts
+    add_clients(client)
+    listen(servers)
+    agents = cluster(net4).start_mesh(servers, "fps", "400mbit", "--client-key", "dst/32", "--client-measure",
+                                      "conns", "--client-threshold", "30/2s", "--client-action", "ban",
+                                      "--ban-duration", "3s")
+    # 20 connections a second over the three hosts: over 30 in 2 s after ~1.5 s; then, banned,
+    # an attempt every 0.3 s (its timeout) until the ban (3 s at least) is surely still on
+    flood = probe(client, servers, 0.05, 4.0)
+    ok = [t for t, _, good in flood if good]
+    crossed = ok[29]                                       # the 30th connection
+    assert all(not good for t, _, good in flood if t > crossed + 1.0), "a host let the banned client in"
+    assert {dst for t, dst, good in flood if t > crossed + 1.0} == {h.addr4 for h in servers}
+    # then slowly (5 a second, under the threshold): back once the window and 3 s are over
+    slow = probe(client, servers, 0.2, 6.0)
+    back = next(t for t, _, good in slow if good)
+    assert crossed + 3.0 - 0.3 <= back <= crossed + 2.0 + 3.0 + 0.8, (crossed, back)
+    assert all(good for t, _, good in slow if t > back + 0.5)
+    st = agents[0].status()
+    assert st["banned_packets"] > 0 and st["clients"]["action"] == "ban"
+
+    # banned again, then `drlctl unban` on one agent lets it in everywhere within a second
+    flood = probe(client, servers, 0.05, 3.0)
+    assert not flood[-1][2]
+    ctl = drlctl(agents[1], "unban", HEAVY)
+    assert ctl.returncode == 0 and f"unbanned {HEAVY}/32" in ctl.stdout, ctl.stdout + ctl.stderr
+    unbanned = time.monotonic()
+    after = probe(client, servers, 0.1, 2.0)
+    assert all(good for t, _, good in after if t > unbanned + 1.0), after
+    again = drlctl(agents[1], "unban", HEAVY)
+    assert again.returncode == 1 and "no ban on" in again.stderr
+
+
+@pytest.mark.slow
+def test_a_ban_outlives_a_killed_agent_and_ends_on_time(net, cluster):
+    server, client = net.hosts
+    client.run("ip", "addr", "add", f"{HEAVY}/24", "dev", "eth0")
+    listen([server])
+    agent = cluster(net).start(server, [], "fps", "400mbit", "--client-key", "dst/32", "--client-measure", "conns",
+                               "--client-threshold", "10/2s", "--client-action", "ban", "--ban-duration", "4s")
+    flood = probe(client, [server], 0.05, 1.5)
+    crossed = [t for t, _, good in flood if good][9]
+    assert not flood[-1][2]
+    agent.kill(signal.SIGKILL)
+    slow = probe(client, [server], 0.2, 7.0)
+    back = next(t for t, _, good in slow if good)
+    # banned until its window (2 s) is over, plus 4 s: the kernel ends it by itself
+    assert crossed + 4.0 - 0.3 <= back <= crossed + 2.0 + 4.0 + 0.8, (crossed, back)
+    assert "drl" in server.run("tc", "filter", "show", "dev", "eth0", "egress")   # the filter stayed
