@@ -676,6 +676,29 @@ class Datapath:
             self._flow_reader = _FlowReader(self._bpf[b"flows"])
         return self._flow_reader.read()
 
+    def discard_flows(self, keys: Iterable[FlowKey]) -> None:
+        """Drop flows from the sample set (FPS resamples and discards small flows)."""
+        table = self._bpf[b"flows"]
+        for key in keys:
+            try:
+                del table[_encode_key(table.Key(), key)]
+            except KeyError:
+                pass
+
+    def read_quota(self, class_id: int) -> int | None:
+        """Bytes the class may still pass, None when it has no quota."""
+        self._check_class(class_id)
+        cfg = self._bpf[b"config"][ct.c_int(class_id)]
+        if not cfg.quota_seq:
+            return None
+        bucket = self._bpf[b"buckets"][ct.c_int(class_id)]
+        return bucket.quota_left if bucket.quota_seq == cfg.quota_seq else cfg.quota_bytes
+
+    @property
+    def prog_fd(self) -> int:
+        """The loaded program's fd (bench/datapath.py reads its run-time stats)."""
+        return self._fn.fd
+
     def set_client_line(self, class_id: int, line: float) -> None:
         """The class's heavy line (set_client_rule), when the number of hosts changed."""
         if class_id not in self._client_rules:

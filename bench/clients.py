@@ -23,8 +23,13 @@ many         ``--clients`` frames to as many addresses (10.0.0.0 + i), one run e
              against off.
 memory       memlock of each client map (/proc/self/fdinfo of its fd), empty and
              with ``--clients`` clients counted.
-read         Datapath.read_clients() with ``--clients`` clients counted, ``--rounds``
-             times (each round counts them again into the map the flip selected).
+agent tick   the agent's per-client work in one interval (agent/perclient.py
+             ClientRules.tick: drain client_heavy, read the windows of the clients
+             it follows, ClientTable.tick_counts, write limits and bans) with
+             ``--clients`` clients counted, ``--heavy`` of them at the reporting line
+             (a packets rule, 6 per hour: the line is 3 packets; the heavy clients
+             send 3, the others 1): the first tick, which finds them flagged, and
+             the next ``--rounds``, which follow them.
 """
 from __future__ import annotations
 
@@ -34,19 +39,21 @@ import ipaddress
 import statistics
 import struct
 import time
+from types import SimpleNamespace
 
 from drl.agent import abi
 from drl.agent.classes import ClassRule
 from drl.agent.clients import client_rule, parse_client_key, parse_prefix, parse_threshold
 from drl.agent.datapath import Datapath
 from drl.agent.model import Mode
+from drl.agent.perclient import ClientRules
 
 from classify import BPF_PROG_TEST_RUN, SYS_BPF, TestRunAttr, ns_per_run
 
 CLIENT = ipaddress.IPv4Address("10.0.0.2")
 US = ipaddress.IPv4Address("10.255.0.1")
 FAST_Bps = 400e9 / 8
-CLIENT_MAPS = ("client_counts0", "client_counts1", "client_limits", "client_bans", "client_exempt")
+CLIENT_MAPS = ("client_windows", "client_heavy", "client_limits", "client_bans", "client_exempt")
 _libc = ct.CDLL(None, use_errno=True)
 
 
@@ -126,33 +133,43 @@ def many_clients(off: Datapath, count: Datapath, n: int, rounds: int) -> None:
     fds = {name: count._bpf[name.encode()].map_fd for name in CLIENT_MAPS}     # bench only: the maps' fds
     empty = {name: memlock(fd) for name, fd in fds.items()}
     runs = {(name, visit): [] for name in ("off", "count") for visit in ("new", "known")}
-    reads, entries = [], 0
     for _ in range(rounds):
+        count.forget_clients(0, [(base + i).packed for i in range(n)])      # each round makes them anew
         for visit in ("new", "known"):
             for name, dp in (("off", off), ("count", count)):
                 runs[name, visit].append(fill(dp, frames))
-        full = {name: memlock(fd) for name, fd in fds.items()}
-        start = time.perf_counter()
-        entries = len(count.read_clients()[0])
-        reads.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    count.read_clients()
-    idle = time.perf_counter() - start
+    full = {name: memlock(fd) for name, fd in fds.items()}
     med = {key: statistics.median(values) for key, values in runs.items()}
     print(f"\n{n:,} clients, one run each, median of {rounds} rounds: ns per run")
     for visit in ("new", "known"):
         print(f"  {visit} client: count {med['count', visit]:.0f}, off {med['off', visit]:.0f} "
               f"({med['count', visit] - med['off', visit]:+.0f})")
-    print(f"read_clients() of {entries:,} clients: median {statistics.median(reads) * 1e3:.1f} ms "
-          f"(rounds {', '.join(f'{r * 1e3:.1f}' for r in reads)}); of none: {idle * 1e3:.2f} ms")
-    table = count._bpf[b"client_counts0"]
-    buffers = (ct.sizeof(table.Key) + ct.sizeof(table.Leaf)) * table.max_entries
-    print(f"read_clients' arrays in the agent: {buffers / 2**20:.1f} MiB\n")
-    print("| map | max entries | kernel memory, empty | with the clients counted |")
+    print("\n| map | max entries | kernel memory, empty | with the clients counted |")
     print("| --- | --- | --- | --- |")
     for name, fd in fds.items():
         size = count._bpf[name.encode()].max_entries
         print(f"| {name} | {size:,} | {empty[name] / 2**20:.2f} MiB | {full[name] / 2**20:.2f} MiB |")
+
+
+def agent_tick(max_clients: int, n: int, heavy: int, rounds: int) -> None:
+    """ClientRules.tick over a map of n clients, ``heavy`` of them at the line."""
+    dp = load("off", max_clients)
+    try:
+        rule = client_rule(parse_client_key("dst/32"), "packets", parse_threshold("6/1h"), "throttle")
+        clients = ClientRules(dp, node_id="a")
+        clients.apply([SimpleNamespace(name="c", class_id=0, conf=SimpleNamespace(client=rule, key=1))],
+                      time.monotonic(), 1.0, n_hosts=1)
+        base = ipaddress.IPv4Address("10.0.0.0")
+        fill(dp, [frame("udp", US, base + i) for i in range(n)] + [frame("udp", US, base + i) for i in range(heavy)] * 2)
+        ticks = []
+        for _ in range(rounds + 1):
+            start = time.perf_counter()
+            clients.tick(time.monotonic(), 1, 1.0)
+            ticks.append(time.perf_counter() - start)
+        followed = len(clients.get("c").table.wanted())
+    finally:
+        dp.close()
+    print(f"| {n:,} | {heavy:,} | {followed:,} | {ticks[0] * 1e3:.1f} | {statistics.median(ticks[1:]) * 1e3:.1f} |")
 
 
 def main() -> None:
@@ -160,7 +177,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clients", type=int, default=100_000)
-    ap.add_argument("--max-clients", type=int, default=abi.MAX_CLIENTS, help="entries per client_counts map")
+    ap.add_argument("--heavy", type=lambda text: [int(x) for x in text.split(",")], default=[0, 100, 1000, 10000],
+                    help="clients at the reporting line, comma-separated (agent tick)")
+    ap.add_argument("--max-clients", type=int, default=abi.MAX_CLIENTS, help="entries of client_windows")
     args = ap.parse_args()
     loaded = {name: load(name, args.max_clients) for name in ("off", "count", "+ bans", "+ throttle", "+ exempt")}
     try:
@@ -169,6 +188,10 @@ def main() -> None:
     finally:
         for dp in loaded.values():
             dp.close()
+    print("\n| clients counted | at the line | followed | first tick (ms) | next ticks, median (ms) |")
+    print("| --- | --- | --- | --- | --- |")
+    for heavy in args.heavy:
+        agent_tick(args.max_clients, args.clients, heavy, args.rounds)
 
 
 if __name__ == "__main__":
