@@ -630,7 +630,8 @@ class Agent:
         out = {"node_id": cfg.node_id, "interface": cfg.iface, "interval_s": cfg.interval_s,
                "uptime_s": now - self.started, "ticks": self.ticks, "listen": _listen(self.transport.address),
                "standalone": cfg.standalone, "authenticated": cfg.key is not None,
-               "gossip": self.transport.stats.as_dict(now), "peers": self.members.status(now),
+               "gossip": {**self.transport.stats.as_dict(now), "client_entries_ignored": self.clients.ignored},
+               "peers": self.members.status(now),
                "datapath": dict(self.dp.attachment), "tick": self.tick_stats.as_dict(),
                "registry": self._registry_status(now)}
         out.update({k: v for k, v in first.items() if k != "name"})

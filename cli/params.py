@@ -52,16 +52,17 @@ class SizeType(_UnitType):
     parse = staticmethod(units.parse_size)
 
 
+def _duration(text: str, positive: bool) -> float:
+    seconds = units.parse_duration(text)
+    if seconds < 0 or (positive and seconds == 0):
+        raise units.UnitError(f"duration must be {'positive' if positive else '0 or more'}: {text!r}")
+    return seconds
+
+
 class DurationType(_UnitType):
     """A duration ('100ms', '2s') -> seconds; must be positive."""
     name = "duration"
-
-    @staticmethod
-    def parse(text):
-        seconds = units.parse_duration(text)
-        if seconds <= 0:
-            raise units.UnitError(f"duration must be positive: {text!r}")
-        return seconds
+    parse = staticmethod(lambda text: _duration(text, positive=True))
 
 
 class QuotaType(_UnitType):
@@ -84,13 +85,7 @@ class ProbabilityType(_UnitType):
 class SpanType(_UnitType):
     """A duration that may be 0 ('0s', '3600s', '1h') -> seconds (a ban's extra time)."""
     name = "duration"
-
-    @staticmethod
-    def parse(text):
-        seconds = units.parse_duration(text)
-        if seconds < 0:
-            raise units.UnitError(f"duration must be 0 or more: {text!r}")
-        return seconds
+    parse = staticmethod(lambda text: _duration(text, positive=False))
 
 
 class ClientKeyType(_UnitType):

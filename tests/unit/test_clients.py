@@ -7,7 +7,6 @@ import math
 import re
 
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +14,8 @@ from drl.agent import clients
 from drl.agent.clients import (BanNote, ClientKey, ClientReport, ClientRuleError, ClientTable, Windows,
                                client_rule, parse_client_key, parse_prefix, parse_threshold, report_bytes,
                                sliding_count, throttle_share)
-from drl.agent.wire import MAX_DATAGRAM, Batch, Header, Message, encode
+from drl.agent import drl_pb2
+from drl.agent.wire import MAX_DATAGRAM, Batch, ClassClients, Header, Message, _fill_report, encode
 
 net = ipaddress.ip_network
 
@@ -420,47 +420,10 @@ def test_every_ban_goes_round_in_the_reports():
 # -- the report's size --------------------------------------------------------------------
 
 
-def proposed_messages():
-    """The wire messages docs/clients.md proposes, built at run time (agent/drl.proto is not
-    changed): the test checks report_bytes against real protobuf encoding."""
-    F = descriptor_pb2.FieldDescriptorProto
-    fdp = descriptor_pb2.FileDescriptorProto(name="clients_proposal.proto", package="proposal", syntax="proto3")
-    note = fdp.message_type.add(name="BanNote")
-    for number, (name, kind) in enumerate([("prefix", F.TYPE_BYTES), ("version", F.TYPE_UINT64),
-                                           ("remaining_s", F.TYPE_FLOAT), ("lifted", F.TYPE_BOOL)], 1):
-        note.field.add(name=name, number=number, type=kind, label=F.LABEL_OPTIONAL)
-    rep = fdp.message_type.add(name="ClientReport")
-    rep.field.add(name="key", number=1, type=F.TYPE_FIXED32, label=F.LABEL_OPTIONAL)
-    for number, (name, kind) in enumerate([("v4", F.TYPE_FIXED32), ("v4_counts", F.TYPE_FLOAT),
-                                           ("v6_hi", F.TYPE_FIXED64), ("v6_lo", F.TYPE_FIXED64),
-                                           ("v6_counts", F.TYPE_FLOAT)], 2):
-        rep.field.add(name=name, number=number, type=kind, label=F.LABEL_REPEATED)
-    rep.field.add(name="bans", number=7, type=F.TYPE_MESSAGE, type_name=".proposal.BanNote", label=F.LABEL_REPEATED)
-    rep.field.add(name="v4_len", number=8, type=F.TYPE_UINT32, label=F.LABEL_OPTIONAL)
-    rep.field.add(name="v6_len", number=9, type=F.TYPE_UINT32, label=F.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("proposal.ClientReport")),
-            message_factory.GetMessageClass(pool.FindMessageTypeByName("proposal.BanNote")))
-
-
-REPORT_PB, NOTE_PB = proposed_messages()
-
-
 def encoded(report: ClientReport) -> bytes:
-    msg = REPORT_PB(key=2**32 - 1, v4_len=report.lengths[0], v6_len=report.lengths[1])
-    for client, count in report.counts:
-        value = int.from_bytes(client, "big")
-        if len(client) == 4:
-            msg.v4.append(value)
-            msg.v4_counts.append(count)
-        else:
-            msg.v6_hi.append(value >> 64)
-            if report.lengths[1] > 64:
-                msg.v6_lo.append(value & (2**64 - 1))
-            msg.v6_counts.append(count)
-    for n in report.bans:
-        msg.bans.append(NOTE_PB(prefix=n.client, version=n.version, remaining_s=n.remaining_s, lifted=n.lifted))
+    """The report as agent/wire.py puts it on the wire (drl.proto ClientReport), key 2^32 - 1."""
+    msg = drl_pb2.ClientReport()
+    _fill_report(msg, ClassClients(2**32 - 1, report))
     return msg.SerializeToString()
 
 
