@@ -78,6 +78,7 @@ class Config:
     max_flows: int
     max_classes: int
     state_dir: str
+    max_clients: int = abi.MAX_CLIENTS      # --max-clients: the datapath's per-client windows (docs/clients.md)
     gossip_mark: int = abi.GOSSIP_MARK       # SO_MARK of the gossip socket, exempt from policing (agent/abi.py)
     metrics: HostPort | None = None          # --metrics: serve Prometheus /metrics there (agent/metrics.py)
     log_format: str = "logfmt"               # --log-format: logfmt or json lines on stderr (agent/logs.py)
@@ -130,7 +131,7 @@ def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] |
         classes=confs, socket_path=opts["socket_path"],
         failsafe_s=max(FAILSAFE_MIN_S, FAILSAFE_INTERVALS * interval_s),
         sample_probability=_sample_probability(opts, confs), max_flows=opts["max_flows"],
-        max_classes=opts["max_classes"], state_dir=opts["state_dir"],
+        max_classes=opts["max_classes"], state_dir=opts["state_dir"], max_clients=opts.get("max_clients") or abi.MAX_CLIENTS,
         gossip_mark=_gossip_mark(opts.get("gossip_mark")), metrics=_metrics(opts.get("metrics")),
         log_format=opts.get("log_format") or "logfmt", registry=registry,
         peer_timeout_fixed=bool(opts["peer_timeout_s"]))

@@ -118,7 +118,7 @@ def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
     """The datapath the agent runs with, on ``--iface``; our own gossip (from the port, with
     the mark) and registry connections (to etcd's port, with the mark) are never policed;
     ``exclusive``: one agent per interface (agent/lock.py)."""
-    return Datapath(cfg.iface, max_flows=cfg.max_flows, max_classes=cfg.max_classes,
+    return Datapath(cfg.iface, max_flows=cfg.max_flows, max_classes=cfg.max_classes, max_clients=cfg.max_clients,
                     gossip_port=gossip_port, gossip_mark=cfg.gossip_mark,
                     registry_port=cfg.registry.endpoints[0][1] if cfg.registry else None, exclusive=True)
 

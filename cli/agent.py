@@ -20,7 +20,7 @@ import sys
 import click
 from click.core import ParameterSource
 
-from drl.agent.abi import GOSSIP_MARK
+from drl.agent.abi import GOSSIP_MARK, MAX_CLIENTS
 from drl.agent.allocators import names as allocator_names
 from drl.agent.control import DEFAULT_SOCKET, ControlError, request
 from drl.agent import logs
@@ -86,6 +86,9 @@ def main() -> None:
 @click.option("--max-flows", type=click.IntRange(min=16), default=4096, show_default=True, help="Flow table size.")
 @click.option("--max-classes", type=click.IntRange(1, 65536), default=4096, show_default=True,
               help="Classes the datapath has room for (a load-time size).")
+@click.option("--max-clients", type=click.IntRange(1024, 2**24), default=MAX_CLIENTS, show_default=True,
+              help="Per-client windows the datapath keeps, LRU (a load-time size: ~128 bytes of kernel memory each, "
+                   "allocated at start; docs/clients.md).")
 @click.option("--eta", type=float, help="GDRL / fill-ratio step size [default: 1/(2d)].")
 @click.option("--quota", type=QUOTA, help="DQMP volume quota SIZE/PERIOD, e.g. 10TB/30d.")
 @click.option("--lease-servers", default="", help="lease: node ids that serve leases [default: the lowest node id].")
