@@ -181,6 +181,9 @@ def _client_rule(c: Mapping[str, Any], interval_s: float) -> ClientRule | None:
                        c.get("client_action"), c.get("ban_duration_s"), c.get("client_exempt") or ())
     if rule is not None:
         rule.check_interval(interval_s)
+        if rule.window_s * 1e9 > abi.MAX_CLIENT_WINDOW_NS:
+            raise ClientRuleError(f"threshold {rule.threshold.text!r}: the window is at most "
+                                  f"{abi.MAX_CLIENT_WINDOW_NS / 3.6e12:.0f} h (the kernel's sliding window)")
     return rule
 
 

@@ -492,6 +492,8 @@ class Datapath:
         goes on with the first rule whose action is ban and off after the last (when attached)."""
         self._check_class(class_id)
         old = self._client_rules.get(class_id)
+        if rule is None and old is None:
+            return
         if rule is not None and not 0 < round(rule.window_s * 1e9) <= abi.MAX_CLIENT_WINDOW_NS:
             raise DatapathError(f"class {class_id}: a client window of {rule.window_s:g} s is not in "
                                 f"(0, {abi.MAX_CLIENT_WINDOW_NS / 1e9 / 3600:.0f} h]")

@@ -184,6 +184,7 @@ def test_client_flags_make_the_default_class_rule_and_override_the_file(tmp_path
     ('client = "dst/32"\nmeasure = "packets"\nthreshold = "100/50ms"\n', "class 'x'", "shorter than the interval"),
     ('client = "dst/32"\nthreshold = "1mbit"\nexempt = ["nowhere"]\n', ":8:", "not an address"),
     ('client = "dst/32"\nthreshold = "1mbit"\naction = "jail"\n', ":8:", "jail"),
+    ('client = "dst/32"\nthreshold = "10GB/30d"\n', "class 'x'", "at most 39 h"),
 ])
 def test_a_bad_client_rule_is_one_line(tmp_path, table, where, what):
     with pytest.raises(ConfigError) as e:
