@@ -159,3 +159,23 @@ def test_reports_for_a_class_without_a_rule_are_ignored_and_counted():
     sent = group[0][1].tick(1.1, 2, 1.0)
     lone.receive("h0", ClientReports(tuple(sent)), 2.0)
     assert lone.ignored == 1
+
+
+def test_drlctl_clients_shows_the_listing_of_each_class():
+    """ClientRules.listing (the control socket's reply) through drlctl's renderer."""
+    from drl.cli.ctl import render_clients
+
+    group = hosts(throttle_rule())
+    run(group, 3.0, lambda i: {HEAVY: 12_500, LIGHT: 1_250 if i == 0 else 0})
+    listing = group[0][1].listing(None, 3.0, limit=None)
+    rows = {r["client"]: r for r in listing[0]["clients"]}
+    heavy = rows["198.51.100.7/32"]
+    assert heavy["state"] == "throttled" and heavy["hosts"] == ["h0", "h1", "h2"]
+    assert heavy["global_bps"] == pytest.approx(3e6, rel=0.02) and heavy["share_bps"] == pytest.approx(2e6 / 3, rel=0.02)
+    assert "198.51.100.8/32" not in rows            # under the reporting line: the kernel counts it alone
+    lines = render_clients(listing).splitlines()
+    assert lines[0] == "class gold   client dst/32/64   bytes   threshold 2mbit   throttle"
+    assert lines[1].split() == ["CLIENT", "GLOBAL", "LOCAL", "STATE", "HOSTS"]
+    assert lines[2].startswith("198.51.100.7/32 ") and "throttled, share 666.7 kbit/s" in lines[2]
+    assert lines[2].rstrip().endswith("h0,h1,h2")
+    assert render_clients([]) == "no class has a client rule (docs/clients.md)"
