@@ -25,6 +25,7 @@ from drl.agent.wire import ClassClients, ClientReports
 
 log = logs.get_logger("drl.agent")
 
+
 @dataclass
 class ClientRun:
     """One class's client rule while it runs, and what was last written to the kernel."""
