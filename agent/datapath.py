@@ -380,7 +380,8 @@ class Datapath:
         cfg.floor_ns_per_byte, cfg.floor_depth_ns = self._floor_times
         cfg.shadow = int(shadow)
         cfg.shape_prio = int(shape_prio)
-        self._fill_client(cfg, class_id)        # the client rule is set_client_rule's, kept here
+        if class_id in self._client_rules:       # the client rule is set_client_rule's, kept here
+            self._fill_client(cfg, class_id)     # (a fresh slot's client fields are zero: no rule)
         if quota_bytes is not None:
             self._quota_seq = self._quota_seq % (2**32 - 1) + 1   # never 0: 0 means no quota
             cfg.quota_seq, cfg.quota_bytes = self._quota_seq, int(quota_bytes)
