@@ -133,8 +133,8 @@ class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
     datapath needs attach, ensure_attached, attachment, close, set_class, batch, heartbeat, set_rules, reset_class,
-    set_sample_probability, read_counters and read_flows (and with client rules set_client_rule, read_clients,
-    set_client_limits, set_client_bans); a transport address, resolved, peer_addrs, stats, poll, publish,
+    set_sample_probability, read_counters and read_flows (and with client rules set_client_rule, read_heavy,
+    client_counts, forget_clients, set_client_line, set_client_limits, set_client_bans); a transport address, resolved, peer_addrs, stats, poll, publish,
     announce, send, close (and sock, for ``serve``; set_peers and unresolved, with a registry; report_clients,
     with client rules)."""
 
@@ -368,7 +368,9 @@ class Agent:
         if name is not None and self.table.get(str(name)) is None:
             return {"ok": False, "error": f"no class {name!r} (see drlctl classes)"}
         limit = req.get("limit")
-        listing = self.clients.listing(name, time.monotonic(), int(limit) if limit else None)
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            return {"ok": False, "error": f"limit {limit!r}: give a number of clients, 1 or more"}
+        listing = self.clients.listing(name, time.monotonic(), limit)
         if name is not None and not listing:
             return {"ok": False, "error": f"class {name!r} has no client rule"}
         return {"ok": True, "classes": listing}

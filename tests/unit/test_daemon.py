@@ -142,6 +142,9 @@ class MemoryTransport:
     def announce(self, note, addr=None):
         self.core.announce(note, addr)
 
+    def report_clients(self, reports, now):
+        self.sent += self.core.report_clients(reports, now)
+
     def send(self, env, class_id, now):
         routed = self.core.route(env, class_id, now)
         if routed is not None:

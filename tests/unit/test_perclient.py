@@ -3,9 +3,11 @@ the real wire codec: a client spread over the hosts is throttled to its threshol
 banned everywhere, unbanned everywhere, and the kernel gets exactly the tables' decisions."""
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
+from test_daemon import CLASS_ID, FakeDatapath, agent, config
 
 from drl.agent.clients import Windows, client_rule, parse_client_key, parse_prefix, parse_threshold
 from drl.agent.perclient import ClientRules
@@ -179,3 +181,31 @@ def test_drlctl_clients_shows_the_listing_of_each_class():
     assert lines[2].startswith("198.51.100.7/32 ") and "throttled, share 666.7 kbit/s" in lines[2]
     assert lines[2].rstrip().endswith("h0,h1,h2")
     assert render_clients([]) == "no class has a client rule (docs/clients.md)"
+
+
+class AgentDatapath(FakeDatapath, ClientDatapath):
+    def __init__(self):
+        FakeDatapath.__init__(self)
+        ClientDatapath.__init__(self)
+
+
+def test_the_agent_answers_drlctl_clients_and_unban_and_refuses_bad_requests(tmp_path):
+    cfg = config(tmp_path, "--global", "12mbit", "--client-key", "dst/32", "--client-measure", "conns",
+                 "--client-threshold", "3/1s", "--client-action", "ban", "--ban-duration", "5s")
+    dp = AgentDatapath()
+    with agent(cfg, dp) as a:
+        now = time.monotonic()
+        dp.arrive(now - 0.05, CLASS_ID, {})             # the model's windows start here
+        dp.arrive(now, CLASS_ID, {HEAVY: 5})            # 5 connections in 50 ms
+        a.tick(now)
+        assert HEAVY in dp.bans[CLASS_ID]
+        st = a.status()
+        assert st["clients"]["banned"] == 1 and st["clients"]["action"] == "ban"
+        listing = a._clients({"class": "default", "limit": 5})
+        assert listing["ok"] and listing["classes"][0]["clients"][0]["state"] == "banned"
+        assert not a._clients({"class": "nope"})["ok"]
+        assert "limit" in a._clients({"limit": [1]})["error"]
+        assert "not an address" in a._unban({"prefix": "nowhere"})["error"]
+        assert a._unban({"prefix": "198.51.100.0/24"})["lifted"] == [{"class": "default", "client": "198.51.100.7/32"}]
+        assert HEAVY not in dp.bans[CLASS_ID]
+        assert a._unban({"prefix": "198.51.100.7"})["error"] == "no ban on 198.51.100.7/32"
