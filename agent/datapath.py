@@ -718,9 +718,9 @@ class Datapath:
         keys, values = self._heavy_bufs
         n = _lookup_batch(table, keys, values, table.max_entries, delete=True)
         out: dict[int, set[Client]] = {}
-        for class_id, family, addr in _CLIENT_KEY.iter_unpack(ct.string_at(keys, n * _CLIENT_KEY.size)):
+        for class_id, client in _client_keys(keys, n):
             if class_id in self._client_rules:       # else flagged before the class's rule went
-                out.setdefault(class_id, set()).add(addr[:4] if family == 4 else addr)
+                out.setdefault(class_id, set()).add(client)
         return out
 
     def client_counts(self, class_id: int, clients: Iterable[Client]) -> dict[Client, float]:
@@ -757,8 +757,7 @@ class Datapath:
         table = self._bpf[b"client_windows"]
         keys, values = (table.Key * table.max_entries)(), (table.Leaf * table.max_entries)()
         n = _lookup_batch(table, keys, values, table.max_entries)
-        mine = [k for k in _CLIENT_KEY.iter_unpack(ct.string_at(keys, n * _CLIENT_KEY.size)) if k[0] == class_id]
-        self.forget_clients(class_id, (addr[:4] if family == 4 else addr for _, family, addr in mine))
+        self.forget_clients(class_id, [client for owner, client in _client_keys(keys, n) if owner == class_id])
 
     @property
     def ingress_prog_fd(self) -> int:
@@ -1103,6 +1102,12 @@ def _encode_mark(key, mask_mark: tuple[int, int]):
 # limiter.h client_key, as read_heavy unpacks it
 _CLIENT_KEY = struct.Struct("=IB3x16s")
 _EXEMPT_KEY = struct.Struct("=III16s")
+
+
+def _client_keys(keys, n: int) -> Iterable[tuple[int, Client]]:
+    """(class id, client) of the first n limiter.h client_key structs of a batch read."""
+    for class_id, family, addr in _CLIENT_KEY.iter_unpack(ct.string_at(keys, n * _CLIENT_KEY.size)):
+        yield class_id, addr[:4] if family == 4 else addr
 
 
 def _client_key(class_id: int, client: Client) -> bytes:
