@@ -547,8 +547,7 @@ class Agent:
         limit = self.book.get(run.name)
         safe_Bps = self._safe_rate(run, limit)
         view = self.members.view(run.conf.key, now, safe_Bps)
-        snap = Snapshot(now=now, node_id=cfg.node_id, interval_s=cfg.interval_s, global_Bps=limit.global_Bps,
-                        local=local, view=view, inbox=tuple(run.inbox))
+        snap = Snapshot(now, cfg.node_id, cfg.interval_s, limit.global_Bps, local, view, tuple(run.inbox))
         run.inbox = []
         step = run.conf.allocator.step(run.state, snap)
         run.state = step.state
@@ -563,7 +562,7 @@ class Agent:
         may_pass = _local_limit(d, local)
         if d.mode == Mode.BUCKET:       # a bucket never refills slower than the slow-start floor
             may_pass = max(may_pass, SLOW_START_Bps)
-        return Outgoing(d.publish, limit.version, active=local.demand_Bps > 0, local_Bps=may_pass)
+        return Outgoing(d.publish, limit.version, local.demand_Bps > 0, may_pass)
 
     def _tally(self, run: ClassRun) -> DropTally:
         owner, tally = self._drops.get(run.name, (None, None))

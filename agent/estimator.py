@@ -11,7 +11,7 @@ The paper computes "the average arrival rate over fixed time intervals and
 applies a standard EWMA filter" with a "1-second EWMA parameter" of 0.1
 (§5.1, footnote 4): ``ewma`` is the share of the old estimate still present
 after one second, so the smoothing does not change with the interval
-(``kept_share``; 0 = no filter).  Demand is arrivals, i.e.
+(``agent.allocators.common.kept_share``; 0 = no filter).  Demand is arrivals, i.e.
 passed + dropped bytes: what the traffic asked for, not what we let through.
 
 A flow's rate is its share of the bytes its class passed, smoothed with
@@ -33,7 +33,6 @@ from operator import attrgetter, is_, is_not, mul
 from typing import Iterable, Protocol
 
 from drl.agent.model import Local, ewma as smooth
-from drl.agent.allocators.common import kept_share
 
 # A flow whose last packet is older than this many intervals, and at least
 # IDLE_MIN_S, has ended: it no longer stands for demand.  The floor keeps a TCP
@@ -59,7 +58,7 @@ _KEY, _LAST_NS = attrgetter("key"), attrgetter("last_ns")
 _NEW = object()          # the previous record of a flow new to us
 
 
-@dataclass
+@dataclass(slots=True)
 class Estimator:
     """Per-flow state is kept in columns (lists) in the order of the last
     update's flow records, not an object per flow: with thousands of flows
@@ -95,18 +94,19 @@ class Estimator:
             self._youngest, self._unsampled = self._rounds, bool(self._records)
             return Local(demand_Bps=0.0, sent_Bps=0.0, sent_total_bytes=counters.passed_bytes)
         dt = now_s - self._last_s
-        kept = kept_share(self.ewma, dt)
+        kept = self.ewma ** dt          # kept_share(ewma, dt) inlined (dt > 0 here): a tick updates every class
         passed = counters.passed_bytes - self._last_passed
         self._demand = smooth(self._demand, (arrived - self._last_arrived) / dt, kept)
-        self._sent = smooth(self._sent, passed / dt, kept)
+        self._sent = sent = smooth(self._sent, passed / dt, kept)
         new_flows = self._update_flows(flows if isinstance(flows, list) else list(flows), dt, passed, now_ns)
         self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
-        active = self._shares if now_ns is None else compress(self._shares, map((now_ns - _idle_ns(dt)).__le__,
-                                                                                  self._last_ns))
-        rates = list(map(mul, filter(None, active), repeat(self._sent)))     # active flows with a share
+        shares = self._shares
+        if now_ns is not None:
+            shares = compress(shares, map((now_ns - _idle_ns(dt)).__le__, self._last_ns))
+        rates = [share * sent for share in shares if share]          # active flows with a share
         rates.sort(reverse=True)
-        return Local(demand_Bps=self._demand, sent_Bps=self._sent, flow_rates_Bps=tuple(rates),
-                     new_flows=new_flows, sent_total_bytes=counters.passed_bytes)
+        # positional: a NamedTuple made with keywords costs twice as much (model.py)
+        return Local(self._demand, sent, tuple(rates), new_flows, counters.passed_bytes)
 
     def _update_flows(self, flows: list, dt: float, passed: int, now_ns: int | None) -> int:
         """Smooth every flow's share of the bytes its class passed (module
@@ -122,17 +122,23 @@ class Estimator:
         second).  A flow the table did not update since the last interval
         (the same record) has a sample of 0: its share decays.
         """
-        kept = kept_share(self.flow_ewma, dt)
-        prev, shares_before, born, last_ns, changed = self._align(flows)
+        kept = self.flow_ewma ** dt     # kept_share inlined, as in update
+        old = self._records
+        changed = list(compress(range(len(flows)), map(is_not, flows, old)))
+        if len(flows) == len(old) and all(flows[i].key == old[i].key for i in changed):
+            prev, shares_before, born, last_ns = old, self._shares, self._born, self._last_ns
+        else:
+            prev, shares_before, born, last_ns, changed = self._align(flows)
         rounds_before = self._rounds
         shares = shares_before
         if passed > 0:     # a round: every flow takes a sample; the unchanged ones 0
-            mature = _mature(kept)
-            if not self._unsampled and rounds_before - self._youngest >= mature:
+            # n samples weigh the past n / (n + 1) until that reaches kept: n / (n + 1) grows
+            # with n, so "mature" (weighs kept) is n / (n + 1) >= kept
+            oldest = rounds_before - self._youngest         # the fewest samples of any flow
+            if not self._unsampled and oldest / (oldest + 1) >= kept:
                 shares = list(map(mul, shares, repeat(kept)))     # smooth(s, 0.0, kept), exactly
             else:
-                shares = [0.0 if s is None else s * kept if rounds_before - b >= mature else
-                          smooth(s, 0.0, min(kept, (rounds_before - b) / (rounds_before - b + 1)))
+                shares = [0.0 if s is None else s * min(kept, (rounds_before - b) / (rounds_before - b + 1))
                           for s, b in zip(shares, born)]
             self._rounds, self._unsampled = rounds_before + 1, False
         new = 0
@@ -159,14 +165,11 @@ class Estimator:
     def _align(self, flows: list) -> tuple[list, list, list, list, list]:
         """The last update's record, share, _born and last_ns of each flow in ``flows``, in
         its order (_NEW, 0.0, _rounds, 0 for a flow new to us; the columns are this
-        update's to change), and the places whose record is not the last update's.  When
-        the flows come in the same order as last time (the flow table's batch order is
-        stable while no flow enters or leaves) the columns are taken as they are; else
-        each flow is found by its record, or by its key."""
+        update's to change), and the places whose record is not the last update's, when
+        the flows do not come in the same order as last time (the flow table's batch order
+        is stable while no flow enters or leaves: then _update_flows takes the columns as
+        they are).  Each flow is found by its record, or by its key."""
         old = self._records
-        changed = list(compress(range(len(flows)), map(is_not, flows, old)))
-        if len(flows) == len(old) and all(flows[i].key == old[i].key for i in changed):
-            return old, self._shares, self._born, self._last_ns, changed
         # A record handed out again (read_flows does so for an entry that did not change) is
         # found by its identity, an int hash; only the others by key, a tuple hash each.
         at = list(map(dict(zip(map(id, old), range(len(old)))).get, map(id, flows), repeat(None)))
@@ -184,13 +187,3 @@ class Estimator:
 
 def _idle_ns(dt: float) -> int:
     return int(max(IDLE_INTERVALS * dt, IDLE_MIN_S) * 1e9)
-
-
-def _mature(kept: float) -> float:
-    """The fewest samples n with n / (n + 1) >= kept: from there a flow's weight is ``kept``."""
-    if kept >= 1.0:
-        return float("inf")
-    n = max(0, int(kept / (1.0 - kept)) - 2)
-    while n / (n + 1) < kept:
-        n += 1
-    return n

@@ -54,6 +54,8 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from typing import Hashable, Mapping, NamedTuple, Sequence
 
 from .model import Envelope
@@ -67,6 +69,8 @@ CLASS_SEQS = 16383      # a class's per-link sequence numbers run 1..16383 and w
 REPEATS = 3             # a quiet class's unchanged value goes to every peer this many times, then rests
 REFRESH_ROUNDS = 100    # ... and once more every this many rounds, in case every repeat was lost
 ANNOUNCE_ROUNDS = 3     # a limit changed here goes to every peer in this many rounds
+
+_new_tuple = tuple.__new__
 
 
 class Outgoing(NamedTuple):
@@ -364,8 +368,10 @@ class GossipCore:
         said = self._said
         for key, o in classes.items():
             s = said.get(key)
-            if s is None or s.said != o:
+            if s is None:
                 s = said[key] = _Said(o, now)
+            elif s.said != o:
+                s.said, s.changed = o, now
             quiet = now - s.changed
             if o.active or quiet < REPEATS * cycle or quiet % REFRESH_ROUNDS < cycle:
                 out.append((key, o))
@@ -382,11 +388,12 @@ class GossipCore:
     def _stamp(self, addr: Addr, entries: list[tuple[int, Outgoing]]) -> list[ClassValue]:
         """The entries for ``addr`` with their per-(link, class) sequence numbers."""
         seqs = self._seqs.setdefault(addr, {})
-        out = []
-        for key, o in entries:
-            seq = seqs[key] = seqs.get(key, 0) % CLASS_SEQS + 1
-            out.append(ClassValue(key, seq, o.value, o.version, o.local_Bps))
-        return out
+        keys = [key for key, _ in entries]
+        stamped = [seq % CLASS_SEQS + 1 for seq in map(seqs.get, keys, repeat(0))]
+        seqs.update(zip(keys, stamped))
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function that costs as much again
+        return [_new_tuple(ClassValue, (key, seq, o.value, o.version, o.local_Bps))
+                for key, seq, o in zip(keys, stamped, map(itemgetter(1), entries))]
 
     def _room(self, addr: Addr) -> int:
         """Bytes a Batch may take in a datagram to ``addr``: what its header and tag leave."""

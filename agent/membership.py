@@ -188,9 +188,8 @@ class Membership:
         reserved = None
         if safe_Bps is not None:
             reserved = sum(self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now, safe_Bps)
-                           for values, age in stale)
-        return PeerView(members=members, peers=_Peers(rows, class_id), remote_sum=sums.get(class_id, 0.0),
-                        n_alive=n_alive, reserved_Bps=reserved)
+                           for values, age in stale) if stale else 0.0
+        return PeerView(members, _Peers(rows, class_id), sums.get(class_id, 0.0), n_alive, reserved)
 
     def may_still_pass(self, local_Bps: float | None, last_seen: float, now: float, safe_Bps: float) -> float:
         """What a silent peer's datapath may pass now: the local limit it last told us until
@@ -224,9 +223,9 @@ class Membership:
                     for key, (_, value, _) in values.items():
                         sums[key] = sums.get(key, 0.0) + value
             stale = [(values, age) for _, values, alive, age, _ in every.values() if not alive]
-            self._rows_at = (now, rows, tuple(sorted([self.node_id, *rows])),
-                             sum(row[2] for row in rows.values()), sums, stale)
-        return self._rows_at[1:]
+            self._rows_at = (now, (rows, tuple(sorted([self.node_id, *rows])),
+                                   sum(row[2] for row in rows.values()), sums, stale))
+        return self._rows_at[1]
 
     def status(self, now: float) -> list[dict]:
         """One row per peer for drlctl status: node_id, address, state (alive, stale, or lost:

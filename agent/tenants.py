@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logs.get_logger("drl.agent")
 
 
-@dataclass
+@dataclass(slots=True)
 class ClassRun:
     """One class while it runs; ``last`` is the latest tick's (snapshot, step, counters)."""
     conf: "ClassConf"

@@ -60,7 +60,7 @@ passed + dropped) and ``flow_rates_Bps`` (the sampled flows' rates).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from drl.agent.model import SLOW_START_Bps, Decision, Mode, Snapshot, Step, effective_limit, ewma
 from .common import check_range, kept_share
@@ -70,8 +70,7 @@ BOTTLENECKED = "bottlenecked"
 SLOW_START = "slow-start"
 
 
-@dataclass(frozen=True)
-class FpsState:
+class FpsState(NamedTuple):
     weight: float | None = None       # the weight published last tick; None before the first
     limit_Bps: float | None = None    # the local limit enforced since last tick
     now: float | None = None          # when that was decided (for the per-second EWMA)
@@ -140,10 +139,11 @@ class FlowProportionalShare:
             weight = ewma(state.weight, ideal, keep)
             local_Bps = share_Bps
 
-        decision = Decision(mode=Mode.BUCKET, limit_Bps=local_Bps, publish=weight,  # line 11
-                            info={"regime": regime, "weight": weight, "ideal_weight": ideal,
-                                  "remote_weights": remote, "share_Bps": share_Bps})
-        return Step(state=FpsState(weight=weight, limit_Bps=local_Bps, now=snap.now), decision=decision)
+        # mode, limit, drop probability, publish (line 11), quota, info: positional (model.py)
+        decision = Decision(Mode.BUCKET, local_Bps, 0.0, weight, None,
+                            {"regime": regime, "weight": weight, "ideal_weight": ideal,
+                             "remote_weights": remote, "share_Bps": share_Bps})
+        return Step(FpsState(weight, local_Bps, snap.now), decision)
 
     def _estimate(self, demand: float, current: float, snap: Snapshot,
                   limit_Bps: float, remote: float) -> tuple[str, float]:
