@@ -1,6 +1,6 @@
 """Benchmark of the datapath (bpf/limiter.c); results go to bench/README.md.
 
-    sudo .venv/bin/python bench/datapath.py            # all parts, ~13 minutes (shape and web ~5)
+    sudo .venv/bin/python bench/datapath.py            # all parts, ~15 minutes (shape and web ~5, highrate ~2)
     sudo .venv/bin/python bench/datapath.py --part goodput --seconds 8
 
 Parts, each measured side by side in one run (never against an old number):
@@ -19,6 +19,9 @@ Parts, each measured side by side in one run (never against an old number):
   web       ab -c 20 -n 2000 of a 100 KB file from nginx on h2 through 30 Mbit/s of
             h2's egress: latency p50/p99, limiter drops and TCP retransmissions for
             drl police, drl shape and tbf, one after the other; goal shape p99 <= 1.2x tbf.
+  highrate  1 and 5 Gbit/s x 4 TCP flows through drl police, drl shape, tbf and htb:
+            goodput over tbf's, retransmissions per second, the sender's CPU (iperf3's
+            own) per delivered Gbit; goal shape's CPU per Gbit <= 1.5x tbf's.
   packet    ns per run and packet rate of the limiter next to a trivial program and
             no program, 64-byte UDP / 1 TCP / 16 TCP flows (bench/per_packet.py);
             goal <= 150 ns at 16 flows, within 60 ns of trivial, UDP rate >= 0.96.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import statistics
 import sys
@@ -167,12 +171,19 @@ def retransmitted(host) -> int:
 
 @contextlib.contextmanager
 def limited(host, how: str, rate_bps: float):
-    """host's eth0 egress held to rate_bps by drl ``police``, drl ``shape`` or ``tbf`` (the
-    same burst as shape's HTB class and tbf's 50 ms queue, as shape's bfifo); yields a
+    """host's eth0 egress held to rate_bps by drl ``police``, drl ``shape``, ``tbf`` (the
+    same burst as shape's HTB class and tbf's 50 ms queue, as shape's bfifo) or a plain
+    ``htb`` root (one class at the rate with that burst, its default pfifo leaf); yields a
     callable giving the limiter's drops so far."""
-    if how == "tbf":
-        host.run("tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{int(rate_bps)}bit",
-                 "burst", str(shape_burst(rate_bps / 8)), "latency", "50ms")
+    if how in ("tbf", "htb"):
+        burst = str(shape_burst(rate_bps / 8))
+        if how == "tbf":
+            host.run("tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{int(rate_bps)}bit",
+                     "burst", burst, "latency", "50ms")
+        else:
+            host.run("tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "1")
+            host.run("tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb",
+                     "rate", f"{int(rate_bps)}bit", "burst", burst, "cburst", burst)
         try:
             yield lambda: root_drops(host)
         finally:
@@ -204,6 +215,53 @@ def part_shape(net, srv, seconds: float) -> list[dict]:
             say(f"shape goodput {rate:>3} Mbit/s x {flows:>2} flows: shape {got['shape'] / 1e6:6.2f}  "
                 f"tbf {got['tbf'] / 1e6:6.2f}  ratio {got['shape'] / got['tbf']:.3f}")
     return cells
+
+
+HIGH_RATES_MBIT = (1000, 5000)
+HIGH_FLOWS = 4
+HIGH_MODES = ("police", "shape", "tbf", "htb")
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds every CPU of the machine has been busy (/proc/stat: all but idle and iowait)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def part_highrate(net, srv, seconds: float, rounds: int = 2) -> list[dict]:
+    """1 and 5 Gbit/s, 4 TCP flows: goodput, retransmissions and CPU per delivered Gbit
+    through drl police, drl shape, tbf and htb, modes alternating round by round (issue 20
+    item 4; goal: shape's sender CPU per Gbit within 1.5x tbf's).  Two CPU figures: iperf3's
+    own (user + system of the sending process; softirq work such as retransmission timers
+    is not in it) and the machine's busy time (/proc/stat: sender, receiver, softirqs)."""
+    h1, rows = net.hosts[0], []
+    for rate in HIGH_RATES_MBIT:
+        runs: dict[str, list] = {how: [] for how in HIGH_MODES}
+        for r in range(rounds):
+            for how in HIGH_MODES if r % 2 == 0 else HIGH_MODES[::-1]:
+                with limited(h1, how, rate * 1e6):
+                    busy = busy_cpu_s()
+                    got = iperf3(h1, srv, seconds=seconds, streams=HIGH_FLOWS, cc=CC)
+                    runs[how].append((got, busy_cpu_s() - busy))
+        for how, got in runs.items():
+            per_gbit = lambda cpu_s, g: cpu_s / (g.received_bytes * 8 / 1e9)
+            rows.append({"rate_mbit": rate, "mode": how,
+                         "goodput_gbit": statistics.median(g.received_bps / 1e9 for g, _ in got),
+                         "retrans_per_s": statistics.median(g.retransmits / g.seconds for g, _ in got),
+                         "sender_cpu_pct": statistics.median(g.sender_cpu_pct for g, _ in got),
+                         "cpu_s_per_gbit": statistics.median(per_gbit(g.sender_cpu_pct / 100 * g.seconds, g)
+                                                             for g, _ in got),
+                         "machine_s_per_gbit": statistics.median(per_gbit(busy, g) for g, busy in got)})
+        tbf = next(r for r in rows if r["rate_mbit"] == rate and r["mode"] == "tbf")
+        for row in (r for r in rows if r["rate_mbit"] == rate):
+            row["goodput_vs_tbf"] = row["goodput_gbit"] / tbf["goodput_gbit"]
+            row["cpu_vs_tbf"] = row["cpu_s_per_gbit"] / tbf["cpu_s_per_gbit"]
+            row["machine_vs_tbf"] = row["machine_s_per_gbit"] / tbf["machine_s_per_gbit"]
+            say(f"high rate {rate:>4} Mbit/s {row['mode']:>6}: {row['goodput_gbit']:.3f} Gbit/s "
+                f"({row['goodput_vs_tbf']:.3f} of tbf)  retrans {row['retrans_per_s']:7.0f}/s  "
+                f"sender {row['cpu_s_per_gbit'] * 1e3:5.1f} ms/Gbit ({row['cpu_vs_tbf']:.2f} x tbf's)  "
+                f"machine {row['machine_s_per_gbit'] * 1e3:5.1f} ms/Gbit ({row['machine_vs_tbf']:.2f} x tbf's)")
+    return rows
 
 
 def ab_run(client, url: str, concurrency: int, requests: int) -> dict:
@@ -254,7 +312,7 @@ def part_web(net, srv, seconds: float, concurrency: int = 20, requests: int = 20
 
 
 PARTS = {"overhead": part_overhead, "cost": part_cost, "goodput": part_goodput, "depth": part_depth}
-PARTS.update(shape=part_shape, web=part_web)
+PARTS.update(shape=part_shape, web=part_web, highrate=part_highrate)
 PARTS.update(packet=lambda net, srv, seconds: per_packet.part_packet(net, srv, seconds, **PACKET_OPTIONS),
              attribution=lambda net, srv, seconds: per_packet.part_attribution(
                  net, srv, seconds, rounds=PACKET_OPTIONS["rounds"] + 2, before=PACKET_OPTIONS["before"]))

@@ -122,6 +122,8 @@ class IperfResult:
     packets: int = 0           # UDP only: datagrams sent
     lost_packets: int = 0      # UDP only: datagrams the server never saw
     stream_bytes: tuple[int, ...] = ()   # TCP only: bytes each stream delivered
+    retransmits: int = 0       # TCP only: segments the sender retransmitted
+    sender_cpu_pct: float = 0.0  # the client process's CPU (user + system) over the run, % of one CPU
 
     @property
     def received_bps(self) -> float:
@@ -161,7 +163,9 @@ class Client:
             s = end["sum"]
             return IperfResult(s["seconds"], s["bytes"], s["bytes"], s["packets"], s["lost_packets"])
         return IperfResult(end["sum_received"]["seconds"], end["sum_sent"]["bytes"], end["sum_received"]["bytes"],
-                           stream_bytes=tuple(s["receiver"]["bytes"] for s in end["streams"]))
+                           stream_bytes=tuple(s["receiver"]["bytes"] for s in end["streams"]),
+                           retransmits=end["sum_sent"].get("retransmits", 0),
+                           sender_cpu_pct=end.get("cpu_utilization_percent", {}).get("host_total", 0.0))
 
 
 def iperf3_server(host: Host, port: int | None = None) -> Server:
