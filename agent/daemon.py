@@ -38,7 +38,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from drl.agent.clients import ClientRuleError, parse_prefix
 from drl.agent.config import ClassConf, Config, ConfigError
@@ -715,7 +715,13 @@ def _allocator_state(info: Any) -> Any:
     """Decision.info as drlctl shows it: JSON values, and rates in bits/s like the rest of
     the status.  Allocators keep bytes/s (``*_Bps``); each such key, nested ones too,
     becomes ``*_bps`` with 8x the value."""
-    return json.loads(json.dumps(info, default=str), object_hook=_in_bits)
+    return json.loads(json.dumps(info, default=_jsonable), object_hook=_in_bits)
+
+
+def _jsonable(value: Any) -> Any:
+    """What json cannot encode itself: a read-only mapping (Decision's default info) as a
+    dict, anything else as its str."""
+    return dict(value) if isinstance(value, Mapping) else str(value)
 
 
 def _in_bits(d: dict) -> dict:
