@@ -83,7 +83,6 @@ import array
 import contextlib
 import ctypes as ct
 import errno
-import functools
 import ipaddress
 import math
 import os
@@ -92,7 +91,7 @@ import struct
 import sys
 import time
 from itertools import compress, repeat
-from functools import partial
+from functools import partial, reduce
 from operator import add, itemgetter, ne
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple, Sequence
@@ -984,7 +983,8 @@ class _FlowReader:
         for i in changed:
             key = samples[i].key if samples[i] is not None else _decode_key(
                 self.table.Key.from_buffer_copy(raw, i * self.key_size))
-            samples[i] = _new_tuple(FlowSample, (key, *self.order(self.value.unpack_from(values, i * self.value_size))))
+            row = self.order(self.value.unpack_from(values, i * self.value_size))
+            samples[i] = _new_tuple(FlowSample, (key, *row))
         self.raw, self.raw_values, self.samples = raw, values, samples
         return samples
 
@@ -1022,7 +1022,7 @@ def _summed_columns(table, buffers, n: int) -> list[list[int]]:
         raise DatapathError(f"read {got} of {n} class counters")
     cpus = table.total_cpu       # a per-CPU value is one record per CPU, entry after entry
     columns = _fields(ct.string_at(values, n * ct.sizeof(table.Leaf)), table.sLeaf, Counters._fields)
-    return [list(functools.reduce(partial(map, add), (column[cpu::cpus] for cpu in range(cpus)))) for column in columns]
+    return [list(reduce(partial(map, add), (column[cpu::cpus] for cpu in range(cpus)))) for column in columns]
 
 
 def _fields(buf: bytes, record, names: Sequence[str]) -> list[array.array]:
