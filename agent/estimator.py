@@ -96,7 +96,8 @@ class Estimator:
         dt = now_s - self._last_s
         kept = self.ewma ** dt          # kept_share(ewma, dt) inlined (dt > 0 here): a tick updates every class
         passed = counters.passed_bytes - self._last_passed
-        self._demand = smooth(self._demand, (arrived - self._last_arrived) / dt, kept)
+        arrived_now = arrived - self._last_arrived
+        self._demand = smooth(self._demand, arrived_now / dt, kept)
         self._sent = sent = smooth(self._sent, passed / dt, kept)
         new_flows = self._update_flows(flows if isinstance(flows, list) else list(flows), dt, passed, now_ns)
         self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
@@ -106,7 +107,8 @@ class Estimator:
         rates = [share * sent for share in shares if share]          # active flows with a share
         rates.sort(reverse=True)
         # positional: a NamedTuple made with keywords costs twice as much (model.py)
-        return Local(self._demand, sent, tuple(rates), new_flows, counters.passed_bytes)
+        refused = (arrived_now - passed) / arrived_now if arrived_now > 0 else 0.0
+        return Local(self._demand, sent, tuple(rates), new_flows, counters.passed_bytes, refused)
 
     def _update_flows(self, flows: list, dt: float, passed: int, now_ns: int | None) -> int:
         """Smooth every flow's share of the bytes its class passed (module

@@ -45,6 +45,7 @@ class Local(NamedTuple):
     flow_rates_Bps: tuple[float, ...] = ()   # EWMA rates of the sampled flows (FPS's sample set)
     new_flows: int = 0                       # flows first seen during this interval
     sent_total_bytes: int = 0                # passed bytes since the class was created (volume quotas)
+    refused_share: float = 0.0               # share of this interval's arrived bytes dropped (not smoothed)
 
 
 @dataclass(frozen=True)

@@ -47,11 +47,13 @@ def skip_reason() -> str | None:
 
 def check(exp: Experiment) -> None:
     """Raise the first thing ``exp`` asks for that this machine lacks (root: Lab checks it)."""
-    if exp.congestion_control:
-        available = available_cc()
-        if available is not None and exp.congestion_control not in available:
-            raise field_error(exp, "[experiment]", "experiment", 0, "congestion_control",
-                              f"expected one of {', '.join(available)}, got {exp.congestion_control!r}")
+    available = available_cc()
+    asked = [("[experiment]", "experiment", 0, exp.congestion_control)]
+    asked += [(f"[[traffic]] #{i + 1}", "traffic", i, t.congestion_control) for i, t in enumerate(exp.traffic)]
+    for where, table, index, cc in asked:
+        if cc and available is not None and cc not in available:
+            raise field_error(exp, where, table, index, "congestion_control",
+                              f"expected one of {', '.join(available)}, got {cc!r}")
     for fault in exp.faults:
         if fault.action in ("loss", "partition") and not shutil.which("nft"):
             raise field_error(exp, f"[[fault]] #{fault.index + 1}", "fault", fault.index, "action",

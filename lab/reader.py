@@ -38,6 +38,7 @@ AGENT_OPTIONS: dict[str, Callable[[str], Any]] = {
     "sample_probability": lambda v: _in_range(float(v), 0.0, 1.0, lo_open=True),
     "branching": lambda v: _in_range(int(v), 1, math.inf),
     "eta": lambda v: _in_range(float(v), 0.0, math.inf, lo_open=True),
+    "enforce": lambda v: _one_of(v, ("police", "shape")),
 }
 
 
@@ -106,7 +107,8 @@ def _rto_min(t: "_Table") -> float | None:
 
 
 def _congestion_control(t: "_Table") -> str | None:
-    """``congestion_control``: the TCP groups' algorithm (iperf3 -C).  Unset,
+    """``congestion_control``: the TCP groups' algorithm (iperf3 -C), in
+    [experiment] or per tcp [[traffic]] group (which wins).  Unset,
     flows use the machine's default, which differs between machines (bbr on
     the project's VM, cubic on most); whether this machine has it is
     lab/preflight.py's question."""
@@ -179,7 +181,8 @@ def _traffic(t: "_Table", duration: float) -> Traffic:
                      mean_size=mean, max_size=cap, shape=t.number("shape", 1.2, lo=1, lo_open=True))
     else:
         tr = Traffic(**common, flows=t.integer("flows", 1, lo=1),
-                     rate_Bps=t.rate("rate") if kind == "udp" else None)
+                     rate_Bps=t.rate("rate") if kind == "udp" else None,
+                     congestion_control=_congestion_control(t) if kind == "tcp" else None)
     t.finish()
     return tr
 
@@ -336,6 +339,12 @@ def field_error(exp: Experiment, where: str, table: str, index: int, key: str, m
 def _in_range(v, lo, hi, lo_open=False, hi_open=False):
     if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
         raise ValueError(f"{v} is out of range")
+    return v
+
+
+def _one_of(v, choices):
+    if v not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}, got {v!r}")
     return v
 
 

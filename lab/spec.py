@@ -53,6 +53,7 @@ class Traffic:
     mean_size: int = 0                 # web: mean object size (Pareto, capped at max_size)
     shape: float = 1.2                 # web: Pareto shape alpha (heavy tail for alpha < 2)
     max_size: int = 0
+    congestion_control: str | None = None   # tcp: this group's algorithm; None: the experiment's
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def place(plan: Plan, seed: int = 0) -> list[Group]:
     for i, t in enumerate(exp.traffic):
         target = plan.address(t.src) if t.kind == "web" else plan.address(exp.sink)
         out.append(Group(i, t, exp.limiter_of(t.src), exp.sink, target, seed=seed * 1000 + i,
-                         congestion_control=exp.congestion_control))
+                         congestion_control=t.congestion_control or exp.congestion_control))
     return out
 
 

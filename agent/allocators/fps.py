@@ -26,6 +26,30 @@ Choices where the paper leaves room, each explained at its code:
   again.  The price: a bottlenecked aggregate whose limit comes within 5 % of
   its demand re-enters regime 1 and probes for more, the oscillation §3.2.2
   calls necessary (tests/unit/test_alloc_fps.py measures it on Fig. 7's case).
+* ``fair_band`` (0.4): the rate of an unbottlenecked flow (line 6's "max
+  flow rate") is the mean rate of the sampled flows within this share of the
+  fastest, not the fastest alone.  Flows sharing one bucket do not share it
+  evenly: BBR flows behind a policer settle at rates a few times apart, and in
+  shape mode TCP Small Queues leave each flow one or two packets in the
+  class's FIFO, so flows run at exactly 1x or 2x of each other (a 40 ms run:
+  five at 0.64, two at 1.28 Mbit/s).  Dividing by the fastest then counted 7
+  flows as 5 and gave the 3-flow limiter 0.40 of the limit instead of 0.30.
+  Flows slower than 0.4 x the fastest are taken as bottlenecked elsewhere and
+  count for their rate, as in the paper; with even sharing the mean is the
+  fastest, so Fig. 2 is unchanged.
+* ``refused_share`` (0.05) and ``refused_hold_s`` (3.0): an interval in
+  which the bucket refused at least 5 % of the arriving bytes makes the
+  limiter a bottleneck (regime 1) for the next 3 s, whatever its demand.
+  Demand alone misses senders that pace instead of pushing until loss: BBR,
+  having met a policer (20 % loss over a few round trips), sends at what it
+  got for 48 round trips (~2 s at a 40 ms RTT) and shows no unmet demand, so
+  line 4 read it as bottlenecked elsewhere and cut its limit to that rate,
+  where its next probe met the policer again (a newcomer stayed at 0.5 of
+  2 Mbit/s for seconds; docs/lab.md "Real paths").  While held without
+  meeting line 4's test, the flows count for what they send, not the limit
+  they leave unused: weight = sent rate / the per-flow rate (fair_band).
+  An aggregate bottlenecked elsewhere is refused next to nothing (its limit
+  covers its demand), so the hold does not start there.
 * ``ewma`` (0.1): the paper's "1-second EWMA parameter" (§5.1, footnote 4),
   applied to the weight ("we apply an EWMA to smooth this oscillation",
   §3.2.2): the share of the old weight left after one second; a tick of
@@ -74,6 +98,7 @@ class FpsState(NamedTuple):
     weight: float | None = None       # the weight published last tick; None before the first
     limit_Bps: float | None = None    # the local limit enforced since last tick
     now: float | None = None          # when that was decided (for the per-second EWMA)
+    held_until: float = float("-inf")  # regime 1 until then: the bucket refused refused_share
 
 
 def proportional_share(weight: float, remote_weights: float, limit_Bps: float, n_sharing: int) -> float:
@@ -107,6 +132,9 @@ class FlowProportionalShare:
     sample_probability: float = 0.1
     min_flow_fraction: float = 1e-4
     regime_threshold: float = 0.95
+    fair_band: float = 0.4
+    refused_share: float = 0.05
+    refused_hold_s: float = 3.0
 
     def __post_init__(self) -> None:
         check_range("ewma", self.ewma, 0.0, 1.0, high_open=True)
@@ -114,6 +142,9 @@ class FlowProportionalShare:
         check_range("min_flow_fraction", self.min_flow_fraction, 0.0, 1.0,
                     low_open=True, high_open=True)
         check_range("regime_threshold", self.regime_threshold, 0.0, 1.0, low_open=True)
+        check_range("fair_band", self.fair_band, 0.0, 1.0, low_open=True)
+        check_range("refused_share", self.refused_share, 0.0, 1.0, low_open=True)
+        check_range("refused_hold_s", self.refused_hold_s, 0.0, float("inf"))
 
     def initial_state(self, node_id: str, members: tuple[str, ...]) -> FpsState:
         return FpsState()
@@ -126,6 +157,8 @@ class FlowProportionalShare:
         share_Bps = proportional_share(state.weight or 0.0, remote, limit_Bps, n_sharing)
         current = share_Bps if state.limit_Bps is None else state.limit_Bps
         demand = snap.local.demand_Bps                       # line 3
+        held_until = (snap.now + self.refused_hold_s if snap.local.refused_share >= self.refused_share
+                      else state.held_until)
 
         if demand > 0.0 and current < self.min_flow_fraction * limit_Bps:
             # Slow start: new demand at a zero limit is one bottlenecked flow.
@@ -134,7 +167,7 @@ class FlowProportionalShare:
             ideal = bottlenecked_weight(local_Bps, remote, limit_Bps)
             weight = ideal                                   # nothing to smooth it with
         else:
-            regime, ideal = self._estimate(demand, current, snap, limit_Bps, remote)
+            regime, ideal = self._estimate(demand, current, snap, limit_Bps, remote, snap.now < held_until)
             keep = kept_share(self.ewma, self._elapsed(state, snap))
             weight = ewma(state.weight, ideal, keep)
             local_Bps = share_Bps
@@ -143,27 +176,33 @@ class FlowProportionalShare:
         decision = Decision(Mode.BUCKET, local_Bps, 0.0, weight, None,
                             {"regime": regime, "weight": weight, "ideal_weight": ideal,
                              "remote_weights": remote, "share_Bps": share_Bps})
-        return Step(FpsState(weight, local_Bps, snap.now), decision)
+        return Step(FpsState(weight, local_Bps, snap.now, held_until), decision)
 
     def _estimate(self, demand: float, current: float, snap: Snapshot,
-                  limit_Bps: float, remote: float) -> tuple[str, float]:
-        """FPS-ESTIMATE lines 1-9: the regime and the ideal weight."""
+                  limit_Bps: float, remote: float, held: bool) -> tuple[str, float]:
+        """FPS-ESTIMATE lines 1-9: the regime and the ideal weight; ``held``: the
+        bucket refused enough lately to be the bottleneck (module docstring)."""
         # Line 4, with the tolerance explained in the module docstring.  A limit
         # above L (a peer just went stale) is judged against L.
-        if demand <= 0.0 or demand < self.regime_threshold * min(current, limit_Bps):
+        limited = demand >= self.regime_threshold * min(current, limit_Bps)
+        if demand <= 0.0 or not (limited or held):
             return BOTTLENECKED, bottlenecked_weight(demand, remote, limit_Bps)   # lines 8-9
-        # Lines 5-6: the fastest sampled flow stands for an unbottlenecked one;
-        # flows below min_flow_fraction of L are discarded (§3.2.2).  An
-        # aggregate with no flow sampled yet counts as one flow.
+        # Lines 5-6: the flows near the fastest stand for unbottlenecked ones
+        # (fair_band); flows below min_flow_fraction of L are discarded (§3.2.2).
+        # An aggregate with no flow sampled yet counts as one flow.
         floor = self.min_flow_fraction * limit_Bps
         sampled = [rate for rate in snap.local.flow_rates_Bps if rate > 0.0 and rate >= floor]
         if not sampled:
             return UNBOTTLENECKED, 1.0
         # Line 6.  Below the datapath's slow-start floor more goes out than the
         # limit says; dividing the limit would keep a starved limiter's weight
-        # near 0 for good, so there what went out is the numerator.
-        local_Bps = current if current >= SLOW_START_Bps else max(current, snap.local.sent_Bps)
-        return UNBOTTLENECKED, local_Bps / max(sampled)
+        # near 0 for good, so there what went out is the numerator, as it is
+        # when only the hold makes this regime 1.
+        sent = snap.local.sent_Bps
+        local_Bps = sent if not limited else current if current >= SLOW_START_Bps else max(current, sent)
+        near = self.fair_band * max(sampled)
+        unbottlenecked = [rate for rate in sampled if rate >= near]
+        return UNBOTTLENECKED, local_Bps * len(unbottlenecked) / sum(unbottlenecked)
 
     @staticmethod
     def _elapsed(state: FpsState, snap: Snapshot) -> float:

@@ -14,28 +14,46 @@ import pytest
 from drl.lab.agents import Cluster
 from drl.lab.measure import rx_bytes, sink_rate_bps
 from drl.lab.metrics import within
+from drl.lab.topology import new_run, star
 from drl.lab.traffic import iperf3_server, iperf3_start, udp_blast
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 
-def test_fps_newcomer_flow_at_an_unused_limiter_gets_its_share_within_3s(make_star, tmp_path):
-    net = make_star(4)
+def newcomers_third_seconds(net, tmp_path, cc: str) -> list[float]:
+    """Three single-flow limiters under FPS, 12 Mbit/s, one iperf3 flow (``cc``) joining
+    every 6 s at a limiter that had none: each newcomer's passed bits in its third second."""
     limiters, sink = net.hosts[:3], net.hosts[3]
-    agents = Cluster(net, tmp_path)
-    running = agents.start_mesh(limiters, "fps", "12mbit", "--interval", "50ms")
-    clients = []
+    running = Cluster(net, tmp_path).start_mesh(limiters, "fps", "12mbit", "--interval", "50ms")
+    clients, rates = [], []
     for k, (host, agent) in enumerate(zip(limiters, running), 1):
         srv = iperf3_server(sink)
-        clients.append(iperf3_start(host, srv, seconds=30 - 6 * k, streams=1))
+        clients.append(iperf3_start(host, srv, seconds=30 - 6 * k, streams=1, cc=cc))
         time.sleep(2)
         before = agent.status()["passed_bytes"]
         time.sleep(1)
-        rate = (agent.status()["passed_bytes"] - before) * 8           # its third second
-        assert rate >= 0.7 * 12e6 / k, (k, rate)     # fair share with k single-flow limiters; measured 0.95-1.16
+        rates.append((agent.status()["passed_bytes"] - before) * 8)
         time.sleep(3)
     for c in clients:
         c.wait()
+    return rates
+
+
+def test_fps_newcomer_flow_at_an_unused_limiter_gets_its_share_within_3s(make_star, tmp_path):
+    rates = newcomers_third_seconds(make_star(4), tmp_path, "cubic")
+    # fair share with k single-flow limiters; measured 0.95-1.16 of it
+    assert all(rate >= 0.7 * 12e6 / k for k, rate in enumerate(rates, 1)), rates
+
+
+def test_fps_newcomer_with_bbr_on_a_40ms_path_gets_its_share_within_3s(make_lab, tmp_path):
+    """BBR meets the newcomer's small first limit, takes it for a policer and paces at it for
+    48 round trips: FPS must not read that as demand bottlenecked elsewhere (fps.py
+    refused_share).  10 ms each way on every host's link: 40 ms between a limiter and the sink,
+    the kernel's default RTO."""
+    rates = newcomers_third_seconds(make_lab(star(4, new_run("nb"), delay="10ms")), tmp_path, "bbr")
+    # measured 1.04-1.05 of the fair share (3 runs); 0.62-1.02 without the hold (0.65-0.71
+    # for the third newcomer), so the bar is above the issue's 0.7
+    assert all(rate >= 0.85 * 12e6 / k for k, rate in enumerate(rates, 1)), rates
 
 
 def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_star, tmp_path):

@@ -85,6 +85,41 @@ def test_regime2_alone_claims_no_weight_and_idle_cluster_splits_evenly():
     assert one_step(step.state, local, [0.0], now=2 * INTERVAL).decision.limit_Bps == pytest.approx(L / 2)
 
 
+@pytest.mark.parametrize("rates, weight", [
+    ((0.64,) * 5 + (1.28,) * 2, 7.0),        # shape mode's FIFO: seven flows at 1x or 2x, all limited here
+    ((2.0, 0.9, 0.3), 2 + 0.3 / 1.45),      # 0.9 is within 0.4 of 2.0: a flow; 0.3 counts for its rate
+])
+def test_flows_near_the_fastest_count_as_unbottlenecked(rates, weight):
+    # weight = limit * (flows within 0.4 of the fastest) / their sum; the paper's limit / max
+    # flow would count the first case as 5 flows.
+    local = Local(demand_Bps=sum(rates) * MBIT, flow_rates_Bps=tuple(r * MBIT for r in rates))
+    step = one_step(FpsState(weight=3.0, limit_Bps=sum(rates) * MBIT, now=0.0), local, [3.0])
+    assert step.decision.publish == pytest.approx(weight)
+
+
+def test_a_refusing_interval_holds_regime1_and_counts_the_flows_by_what_they_send():
+    # BBR after meeting the policer: 0.5 Mbit/s sent under a 2 Mbit/s limit, one flow.  Without a
+    # refusal that is line 4's "bottlenecked"; after an interval in which the bucket refused
+    # >= 5 % of the arrivals it is regime 1 for 3 s, weight = sent / max flow = 1 (not 2 / 0.5).
+    paced = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.5 * MBIT, flow_rates_Bps=(0.5 * MBIT,))
+    start = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=0.0)
+    assert one_step(start, paced, [4.0]).decision.info["regime"] == BOTTLENECKED
+    refused = one_step(start, paced._replace(refused_share=0.2), [4.0])
+    assert refused.state.held_until == pytest.approx(INTERVAL + 3.0)
+    state = refused.state
+    for now in (1.0, 2.0, 3.0 + INTERVAL / 2):
+        step = one_step(state._replace(now=now - INTERVAL), paced, [4.0], now=now)
+        assert (step.decision.info["regime"], step.decision.publish) == (UNBOTTLENECKED, pytest.approx(1.0))
+    assert one_step(state._replace(now=3.1), paced, [4.0], now=3.2).decision.info["regime"] == BOTTLENECKED
+
+
+@pytest.mark.parametrize("share, held", [(0.049, False), (0.05, True)])
+def test_refusals_below_the_share_do_not_hold(share, held):
+    local = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.5 * MBIT, flow_rates_Bps=(0.5 * MBIT,), refused_share=share)
+    step = one_step(FpsState(weight=1.0, limit_Bps=2 * MBIT, now=0.0), local, [4.0])
+    assert (step.decision.info["regime"] == UNBOTTLENECKED) is held
+
+
 @pytest.mark.parametrize("elapsed, kept", [(INTERVAL, 0.1 ** 0.05), (0.5, 0.1 ** 0.5)])
 def test_ewma_is_per_second(elapsed, kept):
     # ewma=0.1 leaves 10 % of the old weight after one second, ewma**dt per tick.
@@ -124,6 +159,7 @@ def test_first_step_starts_from_the_even_split():
 
 
 @pytest.mark.parametrize("params", [{"ewma": 1.0}, {"ewma": -0.1}, {"regime_threshold": 0.0},
+                                    {"refused_share": 0.0}, {"refused_hold_s": -1.0}, {"fair_band": 0.0},
                                     {"regime_threshold": 1.5}, {"sample_probability": 0.0},
                                     {"min_flow_fraction": 1.0}, {"min_flow_fraction": 0.0}, {"ewma": math.nan}])
 def test_bad_parameters_are_one_line_errors(params):
@@ -143,10 +179,12 @@ def run_round(alloc, states: list[FpsState], locals_: list[Local], now: float, g
 @st.composite
 def appendix_model(draw):
     """The Appendix's model: a_i >= 1 unbottlenecked flows at limiter i and
-    bottlenecked flows slower than the fair share s (rates x * s, 0 < x < 1)."""
+    bottlenecked flows slower than the fair share s (rates x * s, 0 < x < 1), here
+    below fair_band (0.4): flows nearer s count as unbottlenecked (fps.py, and
+    test_flows_near_the_fastest_count_as_unbottlenecked)."""
     n = draw(st.integers(1, 8))
     a = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
-    caps = draw(st.lists(st.lists(st.floats(0.01, 0.99), max_size=5), min_size=n, max_size=n))
+    caps = draw(st.lists(st.lists(st.floats(0.01, 0.39), max_size=5), min_size=n, max_size=n))
     return a, caps
 
 

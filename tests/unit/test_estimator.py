@@ -24,6 +24,8 @@ def test_first_update_is_a_baseline_and_the_second_gives_rates():
     assert local.demand_Bps == pytest.approx(1_000_000)      # (passed + dropped) / 0.5 s
     assert local.sent_Bps == pytest.approx(800_000)          # passed only
     assert local.sent_total_bytes == 401_000
+    assert local.refused_share == pytest.approx(0.2)         # this interval's dropped / arrived, unsmoothed
+    assert est.update(11.0, Counters(1000 + 400_000, 400, 500 + 100_000, 100)).refused_share == 0.0
 
 
 def test_ewma_is_per_second_whatever_the_interval():

@@ -96,6 +96,10 @@ def _bad(replace: str, by: str) -> str:
     ('sw = "router"', 'sw = "switch"', "bad.toml:10: [hosts]: field 'sw': expected one of limiter"),
     ('l1 = "limiter"', 'limiter1 = "limiter"', "[hosts]: field 'limiter1': host names are 1-6 characters"),
     ('global = "10mbit"', 'global = "10mbit"\nrto_min = "1s"', "bad.toml:4: [experiment]: field 'rto_min': must be between"),
+    ('allocators = ["fps", "ctb"]', 'allocators = ["fps", "ctb"]\n[agent]\nenforce = "drop"',
+     "bad.toml:6: [agent]: field 'enforce': expected one of police, shape, got 'drop'"),
+    ('rate = "1mbit"', 'rate = "1mbit"\ncongestion_control = "bbr"',
+     "[[traffic]] #2: field 'congestion_control': unknown field"),   # UDP has none
 ])
 def test_bad_field_names_line_and_field(replace, by, expect):
     assert expect in _bad(replace, by)
@@ -123,6 +127,12 @@ def test_unknown_congestion_control_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr("drl.lab.preflight.available_cc", lambda: ["reno", "cubic"])
     msg = _refused_by_preflight(tmp_path, 'global = "10mbit"', 'global = "10mbit"\ncongestion_control = "fastest"')
     assert "bad.toml:4: [experiment]: field 'congestion_control': expected one of reno, cubic, got 'fastest'" in msg
+
+
+def test_a_groups_unknown_congestion_control_is_refused_at_its_line(monkeypatch, tmp_path):
+    monkeypatch.setattr("drl.lab.preflight.available_cc", lambda: ["reno", "cubic"])
+    msg = _refused_by_preflight(tmp_path, 'kind = "tcp"', 'kind = "tcp"\ncongestion_control = "bbr"')
+    assert "[[traffic]] #1: field 'congestion_control': expected one of reno, cubic, got 'bbr'" in msg
 
 
 def test_flow_must_cross_exactly_one_limiter():

@@ -94,7 +94,7 @@ def test_traffic_places_servers_where_the_limited_direction_needs_them():
     assert bulk.client_argv(__import__("pathlib").Path("/o"))[:3] == ["iperf3", "-c", p.address("sink")]
 
 
-def test_tcp_groups_use_the_experiments_congestion_control_and_udp_none():
+def test_tcp_groups_use_their_own_or_the_experiments_congestion_control_and_udp_none():
     exp = loads("""
 [experiment]
 duration = "10s"
@@ -110,14 +110,18 @@ ends = ["l1", "sink"]
 kind = "tcp"
 from = "l1"
 [[traffic]]
+kind = "tcp"
+from = "l1"
+congestion_control = "bbr"
+[[traffic]]
 kind = "udp"
 from = "l1"
 rate = "1mbit"
 """)
-    tcp, udp = (g.client_argv(Path("/o")) for g in place(plan(exp, run="lb0001")))
-    assert tcp[-2:] == ["-C", "reno"] and "-C" not in udp
+    tcp, own, udp = (g.client_argv(Path("/o")) for g in place(plan(exp, run="lb0001")))
+    assert tcp[-2:] == ["-C", "reno"] and own[-2:] == ["-C", "bbr"] and "-C" not in udp
     unpinned = place(plan(dataclasses.replace(exp, congestion_control=None), run="lb0001"))
-    assert not any("-C" in g.client_argv(Path("/o")) for g in unpinned)
+    assert ["-C" in g.client_argv(Path("/o")) for g in unpinned] == [False, True, False]
 
 
 def test_long_names_are_refused():
