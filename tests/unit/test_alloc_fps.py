@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators import common, create
 from drl.agent.allocators.common import ParameterError
-from drl.agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, FpsState
+from drl.agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, FpsState, Hold
 from drl.agent.model import Local, PeerState, Snapshot
 
 MBIT = 1e6 / 8                     # bytes/s
@@ -105,12 +105,46 @@ def test_a_refusing_interval_holds_regime1_and_counts_the_flows_by_what_they_sen
     start = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=0.0)
     assert one_step(start, paced, [4.0]).decision.info["regime"] == BOTTLENECKED
     refused = one_step(start, paced._replace(refused_share=0.2), [4.0])
-    assert refused.state.held_until == pytest.approx(INTERVAL + 3.0)
+    assert refused.state.hold.until == pytest.approx(INTERVAL + 3.0)
     state = refused.state
     for now in (1.0, 2.0, 3.0 + INTERVAL / 2):
         step = one_step(state._replace(now=now - INTERVAL), paced, [4.0], now=now)
         assert (step.decision.info["regime"], step.decision.publish) == (UNBOTTLENECKED, pytest.approx(1.0))
     assert one_step(state._replace(now=3.1), paced, [4.0], now=3.2).decision.info["regime"] == BOTTLENECKED
+
+
+@pytest.mark.parametrize("demand, held", [(0.36, True), (0.34, False)])
+def test_the_hold_ends_when_demand_falls_below_what_was_sent_when_refused(demand, held):
+    # Refused while sending 0.5 Mbit/s; then 5 flows bottlenecked downstream send less.  Held while
+    # demand >= 0.7 x 0.5 = 0.35 Mbit/s, else line 4 decides again (bottlenecked: limit -> demand).
+    state = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=0.0, hold=Hold(3.0, sent_Bps=0.5 * MBIT))
+    local = Local(demand_Bps=demand * MBIT, sent_Bps=demand * MBIT, flow_rates_Bps=(demand * MBIT,))
+    step = one_step(state, local, [4.0])
+    assert (step.decision.info["regime"] == UNBOTTLENECKED) is held
+
+
+def test_refusals_renew_a_hold_only_once_it_paid():
+    # Open-loop demand refused by its own bursts: further refusals do not renew a hold begun at
+    # 0.5 Mbit/s while demand stays there; once demand passed 1.5 x 0.5 Mbit/s they do.
+    state = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=1.95,
+                     hold=Hold(3.0, sent_Bps=0.45 * MBIT, demand_Bps=0.5 * MBIT))
+    bursty = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.45 * MBIT, flow_rates_Bps=(0.45 * MBIT,),
+                   refused_share=0.1)
+    assert one_step(state, bursty, [4.0], now=2.0).state.hold == state.hold
+    grown = one_step(state, bursty._replace(demand_Bps=0.8 * MBIT), [4.0], now=2.0).state.hold
+    assert (grown.paid, grown.until) == (True, pytest.approx(5.0))
+
+
+@pytest.mark.parametrize("unpaid, paid, quiet_s", [(0, False, 12.0), (1, False, 48.0), (2, False, 60.0),
+                                                   (3, True, 0.0)])
+def test_a_hold_that_ran_out_unpaid_allows_none_for_3s_times_4_to_the_k(unpaid, paid, quiet_s):
+    state = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=2.95,
+                     hold=Hold(3.0, 0.45 * MBIT, 0.5 * MBIT, paid=paid, unpaid=unpaid))
+    bursty = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.45 * MBIT, flow_rates_Bps=(0.45 * MBIT,),
+                   refused_share=0.1)
+    hold = one_step(state, bursty, [4.0], now=3.0).state.hold
+    assert (hold.quiet_until, hold.unpaid) == (pytest.approx(3.0 + quiet_s), 0 if paid else unpaid + 1)
+    assert hold.until == (pytest.approx(6.0) if paid else -math.inf)      # a paid one: a new hold now
 
 
 @pytest.mark.parametrize("share, held", [(0.049, False), (0.05, True)])
@@ -160,6 +194,7 @@ def test_first_step_starts_from_the_even_split():
 
 @pytest.mark.parametrize("params", [{"ewma": 1.0}, {"ewma": -0.1}, {"regime_threshold": 0.0},
                                     {"refused_share": 0.0}, {"refused_hold_s": -1.0}, {"fair_band": 0.0},
+                                    {"hold_rate_share": 1.5}, {"refused_quiet_max_s": -1.0},
                                     {"regime_threshold": 1.5}, {"sample_probability": 0.0},
                                     {"min_flow_fraction": 1.0}, {"min_flow_fraction": 0.0}, {"ewma": math.nan}])
 def test_bad_parameters_are_one_line_errors(params):
