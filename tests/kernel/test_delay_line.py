@@ -57,12 +57,22 @@ def data_conn(host, port: int) -> dict | None:
 def udp_received(h1, h2, rate: str, seconds: int) -> dict:
     """What h2's iperf3 server counted of a UDP flow from h1: packets, lost_packets, out_of_order
     (only the receiver sees the order)."""
-    server = h2.popen("iperf3", "-s", "-1", "-p", "5202", "-J", capture=True)
-    time.sleep(0.3)
-    subprocess.run(h1.argv("iperf3", "-c", "10.0.0.2", "-p", "5202", "-u", "-b", rate, "-l", "1400",
-                           "-t", str(seconds)), capture_output=True, timeout=seconds + 20)
-    end = json.loads(server.communicate(timeout=10)[0])["end"]
-    return {**end["sum"], "out_of_order": sum(s["udp"]["out_of_order"] for s in end["streams"])}
+    # iperf3 sets a UDP stream up with one datagram each way and never resends it
+    # (esnet/iperf#351): on a lossy line the loss of either one hangs both ends, so a run
+    # that has not ended well after its length is dropped and made again
+    for attempt in range(3):
+        server = h2.popen("iperf3", "-s", "-1", "-p", "5202", "-J", capture=True)
+        time.sleep(0.3)
+        try:
+            subprocess.run(h1.argv("iperf3", "-c", "10.0.0.2", "-p", "5202", "-u", "-b", rate, "-l", "1400",
+                                   "-t", str(seconds)), capture_output=True, timeout=seconds + 10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+            continue
+        end = json.loads(server.communicate(timeout=10)[0])["end"]
+        return {**end["sum"], "out_of_order": sum(s["udp"]["out_of_order"] for s in end["streams"])}
+    pytest.fail(f"iperf3 -u hung {attempt + 1} times in a row: more than its setup's loss explains")
 
 
 @pytest.fixture
@@ -143,11 +153,15 @@ def test_jitter_spreads_the_delay_and_may_reorder(built):
     lab = built(delay="20ms", jitter="2ms")
     h1, h2 = lab.hosts
     ping_ms(h1, "10.0.0.2", 1, 0.01)         # resolve h2's address first: ARP crosses the line too
-    rtts, lost = ping_ms(h1, "10.0.0.2", 200, 0.01)
+    rtts, lost = ping_ms(h1, "10.0.0.2", 400, 0.01)
     assert lost == 0
-    # each way 20 ms +- 2 ms, uniform: the round trip spreads over 36..44 ms (plus the relay's ~0.3 ms)
-    r = sorted(rtts)   # never early; late by a descheduled relay now and then, so deciles above
-    assert r[0] >= 36.0 and r[len(r) // 10] < 38.5 and r[len(r) * 9 // 10] > 41.5, r
+    # each way 20 ms +- 2 ms, uniform: the round trip is triangular on 36..44 ms, shifted late by
+    # the relay's own 0.3-0.8 ms, so the spread of its deciles is judged, not where they sit:
+    # 4.42 ms expected, 0.19 ms standard error at 400 echoes
+    r = sorted(rtts)
+    spread = r[len(r) * 9 // 10] - r[len(r) // 10]
+    print(f"jitter: deciles {r[len(r) // 10]} / {r[len(r) * 9 // 10]} ms, spread {spread:.2f} ms")
+    assert r[0] >= 36.0 and 3.6 <= spread <= 5.5, (spread, r)
     assert abs(statistics.median(rtts) - RTT_MS) <= TOLERANCE_MS
     udp = udp_received(h1, h2, "40M", seconds=2)
     assert udp["out_of_order"] > 0, "frames 0.3 ms apart with +-2 ms of jitter overtake each other"
