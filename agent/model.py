@@ -42,7 +42,7 @@ class Local(NamedTuple):
     """This node's measurements for one class over the last estimate interval (agent/estimator.py)."""
     demand_Bps: float                        # EWMA of arrivals: passed + dropped bytes
     sent_Bps: float = 0.0                    # EWMA of passed bytes
-    flow_rates_Bps: tuple[float, ...] = ()   # EWMA rates of the sampled flows (FPS's sample set)
+    flow_rates_Bps: tuple[float, ...] = ()   # EWMA rates of the sampled flows (FPS's sample set), unordered
     new_flows: int = 0                       # flows first seen during this interval
     sent_total_bytes: int = 0                # passed bytes since the class was created (volume quotas)
     refused_share: float = 0.0               # share of this interval's arrived bytes dropped (not smoothed)

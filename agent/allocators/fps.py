@@ -243,9 +243,9 @@ class FlowProportionalShare:
         # Lines 5-6: the flows near the fastest stand for unbottlenecked ones
         # (fair_band); flows below min_flow_fraction of L are discarded (§3.2.2).
         # An aggregate with no flow sampled yet counts as one flow.
-        floor = self.min_flow_fraction * limit_Bps
-        sampled = [rate for rate in snap.local.flow_rates_Bps if rate > 0.0 and rate >= floor]
-        if not sampled:
+        rates, floor = snap.local.flow_rates_Bps, self.min_flow_fraction * limit_Bps
+        fastest = max(rates, default=0.0)
+        if fastest <= 0.0 or fastest < floor:
             return UNBOTTLENECKED, 1.0
         # Line 6.  Below the datapath's slow-start floor more goes out than the
         # limit says; dividing the limit would keep a starved limiter's weight
@@ -253,8 +253,8 @@ class FlowProportionalShare:
         # when only the hold makes this regime 1.
         sent = snap.local.sent_Bps
         local_Bps = sent if not limited else current if current >= SLOW_START_Bps else max(current, sent)
-        near = self.fair_band * max(sampled)
-        unbottlenecked = [rate for rate in sampled if rate >= near]
+        near = max(self.fair_band * fastest, floor)      # one pass: thousands of flows (issue 20)
+        unbottlenecked = [rate for rate in rates if rate >= near]
         return UNBOTTLENECKED, local_Bps * len(unbottlenecked) / sum(unbottlenecked)
 
     @staticmethod
