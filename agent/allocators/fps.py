@@ -9,8 +9,8 @@ is worth.  Every estimate interval (paper: 50 ms, 100 ms on PlanetLab; FPS is
 insensitive to it, §5.2) FPS-ESTIMATE runs:
 
 * regime 1, local demand meets the local limit (Fig. 2 lines 4-6): some flow is
-  unbottlenecked, the fastest sampled flow stands for one, and
-  weight = local limit / max flow rate;
+  unbottlenecked, the fastest sampled flow stands for one (here: the flows near
+  it, ``fair_band``), and weight = local limit / max flow rate;
 * regime 2, demand below the limit (lines 8-9): every flow is bottlenecked
   elsewhere, and the weight is the one that makes line 10 give limit = demand:
   weight = demand * remoteweights / (L - demand)  (the OCR of line 9 is garbled);
@@ -50,8 +50,8 @@ Choices where the paper leaves room, each explained at its code:
   they leave unused: weight = sent rate / the per-flow rate (fair_band).
   An aggregate bottlenecked elsewhere is refused next to nothing (its limit
   covers its demand), so the hold does not start there.
-* ``hold_rate_share`` (0.7): the hold ends early when demand falls below 0.7
-  x the rate the aggregate sent when it was last refused.  A paced sender
+* ``hold_rate_share`` (0.7): the hold counts only while demand stays at or
+  above 0.7 x the rate the aggregate sent when it was last refused.  A paced sender
   keeps sending what it got; an aggregate whose flows became bottlenecked
   downstream of a limiter it was filling drops well below (5 Mbit/s to 2 in
   tests/kernel/test_allocators.py), and for 3 s the hold would count its
@@ -110,12 +110,13 @@ UNBOTTLENECKED = "unbottlenecked"
 BOTTLENECKED = "bottlenecked"
 SLOW_START = "slow-start"
 PAID_GROWTH = 1.5     # a hold paid off: demand grew past 1.5 x the demand when it began
+UNPAID_MAX = 16       # unpaid holds counted in a row, at most: 3 s x 4^16 is 400 years, and 4^k stays a float
 
 
 class Hold(NamedTuple):
     """The refusal hold (module docstring): regime 1 until ``until`` while demand stays near
     ``sent_Bps``, what went out when the bucket last refused; ``paid``: demand grew past
-    ``demand_Bps``, the demand when the hold began, so a sender took the room.  After
+    PAID_GROWTH x ``demand_Bps``, the demand when the hold began, so a sender took the room.  After
     ``unpaid`` holds in a row that did not pay, none before ``quiet_until``."""
     until: float = float("-inf")
     sent_Bps: float = 0.0
@@ -218,7 +219,7 @@ class FlowProportionalShare:
         it paid, ended by time (refused_quiet_max_s in the module docstring)."""
         now, local = snap.now, snap.local
         if float("-inf") < hold.until <= now:            # it ran out
-            unpaid = 0 if hold.paid else hold.unpaid + 1
+            unpaid = 0 if hold.paid else min(hold.unpaid + 1, UNPAID_MAX)
             quiet_s = min(self.refused_quiet_max_s, self.refused_hold_s * 4 ** unpaid) if unpaid else 0.0
             hold = Hold(quiet_until=now + quiet_s, unpaid=unpaid)
         if now < hold.until and local.demand_Bps >= PAID_GROWTH * hold.demand_Bps:

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators import common, create
 from drl.agent.allocators.common import ParameterError
-from drl.agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, FpsState, Hold
+from drl.agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, UNPAID_MAX, FpsState, Hold
 from drl.agent.model import Local, PeerState, Snapshot
 
 MBIT = 1e6 / 8                     # bytes/s
@@ -136,15 +136,28 @@ def test_refusals_renew_a_hold_only_once_it_paid():
 
 
 @pytest.mark.parametrize("unpaid, paid, quiet_s", [(0, False, 12.0), (1, False, 48.0), (2, False, 60.0),
-                                                   (3, True, 0.0)])
+                                                   (3, True, 0.0), (UNPAID_MAX, False, 60.0)])
 def test_a_hold_that_ran_out_unpaid_allows_none_for_3s_times_4_to_the_k(unpaid, paid, quiet_s):
     state = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=2.95,
                      hold=Hold(3.0, 0.45 * MBIT, 0.5 * MBIT, paid=paid, unpaid=unpaid))
     bursty = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.45 * MBIT, flow_rates_Bps=(0.45 * MBIT,),
                    refused_share=0.1)
     hold = one_step(state, bursty, [4.0], now=3.0).state.hold
-    assert (hold.quiet_until, hold.unpaid) == (pytest.approx(3.0 + quiet_s), 0 if paid else unpaid + 1)
+    assert (hold.quiet_until, hold.unpaid) == (pytest.approx(3.0 + quiet_s), 0 if paid else min(unpaid + 1, UNPAID_MAX))
     assert hold.until == (pytest.approx(6.0) if paid else -math.inf)      # a paid one: a new hold now
+
+
+def test_holds_that_never_pay_can_go_on_for_days():
+    # A policed aggregate refused now and then whose demand never grows: a hold, its quiet
+    # time, a hold again, 2,000 times (~35 h); the count of unpaid holds once reached 4^k's
+    # float limit at 512 and raised OverflowError in the agent's tick.
+    bursty = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.45 * MBIT, flow_rates_Bps=(0.45 * MBIT,),
+                   refused_share=0.1)
+    state, now = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=0.0), 0.0
+    for _ in range(2000):
+        for now in (now + 0.05, now + 3.1, now + 63.2):       # held; ran out (quiet 60 s); past it
+            state = one_step(state._replace(now=now - INTERVAL), bursty, [4.0], now=now).state
+    assert state.hold.until > now and state.hold.unpaid == UNPAID_MAX
 
 
 @pytest.mark.parametrize("share, held", [(0.049, False), (0.05, True)])
