@@ -156,7 +156,7 @@ def test_jitter_spreads_the_delay_and_may_reorder(built):
     rtts, lost = ping_ms(h1, "10.0.0.2", 400, 0.01)
     assert lost == 0
     # each way 20 ms +- 2 ms, uniform: the round trip is triangular on 36..44 ms, shifted late by
-    # the relay's own 0.3-0.8 ms, so the spread of its deciles is judged, not where they sit:
+    # the relay's own 0.3-0.5 ms, so the spread of its deciles is judged, not where they sit:
     # 4.42 ms expected, 0.19 ms standard error at 400 echoes
     r = sorted(rtts)
     spread = r[len(r) * 9 // 10] - r[len(r) // 10]

@@ -113,6 +113,10 @@ def test_a_refusing_interval_holds_regime1_and_counts_the_flows_by_what_they_sen
     assert one_step(state._replace(now=3.1), paced, [4.0], now=3.2).decision.info["regime"] == BOTTLENECKED
 
 
+# open-loop demand just under its limit, refused by its own bursts
+BURSTY = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.45 * MBIT, flow_rates_Bps=(0.45 * MBIT,), refused_share=0.1)
+
+
 @pytest.mark.parametrize("demand, held", [(0.36, True), (0.34, False)])
 def test_the_hold_ends_when_demand_falls_below_what_was_sent_when_refused(demand, held):
     # Refused while sending 0.5 Mbit/s; then 5 flows bottlenecked downstream send less.  Held while
@@ -128,10 +132,8 @@ def test_refusals_renew_a_hold_only_once_it_paid():
     # 0.5 Mbit/s while demand stays there; once demand passed 1.5 x 0.5 Mbit/s they do.
     state = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=1.95,
                      hold=Hold(3.0, sent_Bps=0.45 * MBIT, demand_Bps=0.5 * MBIT))
-    bursty = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.45 * MBIT, flow_rates_Bps=(0.45 * MBIT,),
-                   refused_share=0.1)
-    assert one_step(state, bursty, [4.0], now=2.0).state.hold == state.hold
-    grown = one_step(state, bursty._replace(demand_Bps=0.8 * MBIT), [4.0], now=2.0).state.hold
+    assert one_step(state, BURSTY, [4.0], now=2.0).state.hold == state.hold
+    grown = one_step(state, BURSTY._replace(demand_Bps=0.8 * MBIT), [4.0], now=2.0).state.hold
     assert (grown.paid, grown.until) == (True, pytest.approx(5.0))
 
 
@@ -140,9 +142,7 @@ def test_refusals_renew_a_hold_only_once_it_paid():
 def test_a_hold_that_ran_out_unpaid_allows_none_for_3s_times_4_to_the_k(unpaid, paid, quiet_s):
     state = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=2.95,
                      hold=Hold(3.0, 0.45 * MBIT, 0.5 * MBIT, paid=paid, unpaid=unpaid))
-    bursty = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.45 * MBIT, flow_rates_Bps=(0.45 * MBIT,),
-                   refused_share=0.1)
-    hold = one_step(state, bursty, [4.0], now=3.0).state.hold
+    hold = one_step(state, BURSTY, [4.0], now=3.0).state.hold
     assert (hold.quiet_until, hold.unpaid) == (pytest.approx(3.0 + quiet_s), 0 if paid else min(unpaid + 1, UNPAID_MAX))
     assert hold.until == (pytest.approx(6.0) if paid else -math.inf)      # a paid one: a new hold now
 
@@ -151,12 +151,10 @@ def test_holds_that_never_pay_can_go_on_for_days():
     # A policed aggregate refused now and then whose demand never grows: a hold, its quiet
     # time, a hold again, 2,000 times (~35 h); the count of unpaid holds once reached 4^k's
     # float limit at 512 and raised OverflowError in the agent's tick.
-    bursty = Local(demand_Bps=0.5 * MBIT, sent_Bps=0.45 * MBIT, flow_rates_Bps=(0.45 * MBIT,),
-                   refused_share=0.1)
     state, now = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=0.0), 0.0
     for _ in range(2000):
         for now in (now + 0.05, now + 3.1, now + 63.2):       # held; ran out (quiet 60 s); past it
-            state = one_step(state._replace(now=now - INTERVAL), bursty, [4.0], now=now).state
+            state = one_step(state._replace(now=now - INTERVAL), BURSTY, [4.0], now=now).state
     assert state.hold.until > now and state.hold.unpaid == UNPAID_MAX
 
 
