@@ -28,7 +28,6 @@ logfmt or JSON (agent/logs.py; docs/logs.md lists the events).
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import gc
@@ -523,12 +522,10 @@ class Agent:
         self.shaper.ensure_attached()  # the same for shape mode's HTB root (no-op without shaped classes)
         runs = list(self.table)
         counters = self.dp.read_counters([run.class_id for run in runs])
-        flows = collections.defaultdict(list)
-        for flow in self.dp.read_flows():
-            flows[flow.class_id].append(flow)
+        flows = self.dp.read_flows()
         kernel_now = now_ns()
         with self.dp.batch():
-            out = {run.conf.key: self._step(run, now, counters[run.class_id], flows[run.class_id], kernel_now)
+            out = {run.conf.key: self._step(run, now, counters[run.class_id], flows.get(run.class_id, []), kernel_now)
                    for run in runs}
         self.dp.heartbeat()     # every config stays fresh, the ones _enforce did not write again too
         self.transport.publish(out, now)

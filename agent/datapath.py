@@ -51,7 +51,7 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 * ``set_sample_probability(p)``: chance that a new flow enters the flow table.
 * ``read_counters(class_ids=None) -> dict[int, Counters]`` (None: the classes the
   rules name), ``read_bypass() -> Counters``,
-  ``read_flows() -> list[FlowSample]``, ``discard_flows(keys)``,
+  ``read_flows(full=False) -> dict[int, list[FlowSample]]`` (by class id),
   ``read_quota(class_id) -> int | None``, ``now_ns()``, ``prog_fd`` and ``ingress_prog_fd``
   (for bench stats).
 * ``default_burst(rate_Bps)``: the bucket depth used when burst_bytes is None.
@@ -90,9 +90,9 @@ import socket
 import struct
 import sys
 import time
-from itertools import compress, repeat
+from itertools import repeat
 from functools import partial, reduce
-from operator import add, itemgetter, ne
+from operator import add, itemgetter
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
@@ -676,21 +676,14 @@ class Datapath:
         """Packets no class matched, exempt ones and non-IP (passed_* only)."""
         return _sum_cpus(self._bpf[b"bypass_counters"][ct.c_int(0)])
 
-    def read_flows(self) -> list[FlowSample]:
-        """Every tracked flow, read in one batch syscall (items() costs two per flow); a flow
-        whose entry did not change since the last call is the same FlowSample (_FlowReader)."""
+    def read_flows(self, full: bool = False) -> dict[int, list[FlowSample]]:
+        """Every tracked flow, by class id: the entries packets visited since the last call
+        (one batch syscall), the whole table every few seconds or when ``full``.  A flow
+        whose entry did not change since the last call is the same FlowSample, in the same
+        place (_FlowReader)."""
         if self._flow_reader is None:
-            self._flow_reader = _FlowReader(self._bpf[b"flows"])
-        return self._flow_reader.read()
-
-    def discard_flows(self, keys: Iterable[FlowKey]) -> None:
-        """Drop flows from the sample set (FPS resamples and discards small flows)."""
-        table = self._bpf[b"flows"]
-        for key in keys:
-            try:
-                del table[_encode_key(table.Key(), key)]
-            except KeyError:
-                pass
+            self._flow_reader = _FlowReader(self._bpf[b"flows"], self._bpf[b"flows_visited"])
+        return self._flow_reader.read(full)
 
     def read_quota(self, class_id: int) -> int | None:
         """Bytes the class may still pass, None when it has no quota."""
@@ -946,69 +939,95 @@ def _lookup_batch(table, keys, values, limit: int, delete: bool = False) -> int:
 
 
 class _FlowReader:
-    """read_flows: the flow table read into arrays kept across calls (bcc's items_lookup_batch
-    allocates both at the map's full size and yields entry by entry), and a FlowSample made
-    only for an entry whose value changed since the last read.
+    """read_flows: the flow table as the agent's own copy, per class, brought up to date
+    each call from the entries packets visited since the last one (the program copies
+    each visit to flows_visited, which one lookup-and-delete batch drains), and read
+    whole every FULL_READ_S (the first call too): the full read drops what the kernel
+    evicted (LRU) and catches a visit the full flows_visited map could not take.
 
-    With 20,000 flows a packet visits only ~800 entries between two 100 ms ticks (the
-    program visits the table ~4,000 times a second per CPU and class, agent/abi.py), so
-    most of the table is as it was.  Entries are matched to the last read's by position
-    when the keys come back in the same order (the batch order is the hash buckets',
-    stable while no flow enters or leaves): the values are then compared BLOCK entries at
-    a time, as bytes, and only a block that differs entry by entry.  Else by key.
+    With 20,000 flows a packet visits only ~700 entries between two 100 ms ticks (the
+    program visits the table ~4,000 times a second per CPU and class, agent/abi.py):
+    reading all of them cost ~8 ms of syscalls a tick.  A flow keeps its place in its
+    class's list, new flows come last, and an entry no packet visited is the same
+    FlowSample as before: the estimator's cheap path (agent/estimator.py).
     """
-    BLOCK = 8       # entries; 8 to 32 measured within 0.6 ms of each other at 20,000 entries
+    FULL_READ_S = 10.0
 
-    def __init__(self, table):
-        self.table = table
+    def __init__(self, table, visited):
+        self.table, self.visited = table, visited
         self.keys, self.values = (table.Key * table.max_entries)(), (table.Leaf * table.max_entries)()
         self.key_size, self.value_size = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
-        self.key = struct.Struct(f"{self.key_size}s")
         # limiter.h flow_stats: __u64 and __u32 only; its fields in FlowSample's order
         names = [name for name, _ in table.Leaf._fields_]
         self.value = struct.Struct("=" + "".join("Q" if ct.sizeof(t) == 8 else "I" for _, t in table.Leaf._fields_))
         self.order = itemgetter(*(names.index(name) for name in FlowSample._fields[1:]))
-        self.raw = self.raw_values = b""          # the last read: its keys and values as read,
-        self.samples: list[FlowSample] = []       # its FlowSamples in the same order,
-        self.index: dict[bytes, int] = {}         # and key -> place
+        self.samples: dict[int, list[FlowSample]] = {}     # class id -> its flows
+        self.raws: dict[int, list[bytes]] = {}             # class id -> their keys as read, in the same order
+        self.place: dict[bytes, tuple[int, int]] = {}      # key as read -> (class id, index in both)
+        self.full_at: float | None = None
 
-    def read(self) -> list[FlowSample]:
-        n = _lookup_batch(self.table, self.keys, self.values, self.table.max_entries)
-        raw = ct.string_at(self.keys, n * self.key_size)
-        values = ct.string_at(self.values, n * self.value_size)
-        if raw == self.raw:
-            samples, changed = list(self.samples), self._changed_in_place(values, n)
+    def read(self, full: bool) -> dict[int, list[FlowSample]]:
+        n = _lookup_batch(self.visited, self.keys, self.values, self.visited.max_entries, delete=True)
+        now = time.monotonic()
+        if full or self.full_at is None or now - self.full_at >= self.FULL_READ_S:
+            self._read_all()    # after the drain: it holds every visit the drain took
+            self.full_at = now
         else:
-            samples, changed = self._by_key(raw, values)
-        for i in changed:
-            key = samples[i].key if samples[i] is not None else _decode_key(
-                self.table.Key.from_buffer_copy(raw, i * self.key_size))
-            row = self.order(self.value.unpack_from(values, i * self.value_size))
-            samples[i] = _new_tuple(FlowSample, (key, *row))
-        self.raw, self.raw_values, self.samples = raw, values, samples
-        return samples
+            for raw, row in self._rows(n):
+                self._visit(raw, row)
+        # copies: the estimator tells a visited flow by its list's FlowSample not being the last one's
+        return {class_id: list(samples) for class_id, samples in self.samples.items()}
 
-    def _changed_in_place(self, values: bytes, n: int) -> list[int]:
-        """The entries whose value is not the last read's at the same place."""
-        old, size, block = self.raw_values, self.value_size, self.value_size * self.BLOCK
-        changed = []
-        for at in range(0, n * size, block):
-            if values[at:at + block] != old[at:at + block]:
-                changed += (i // size for i in range(at, min(at + block, n * size), size)
-                            if values[i:i + size] != old[i:i + size])
-        return changed
+    def _rows(self, n: int):
+        """(key as read, FlowSample's fields after the key) of the first n entries read."""
+        keys, values = ct.string_at(self.keys, n * self.key_size), ct.string_at(self.values, n * self.value_size)
+        return zip((keys[at:at + self.key_size] for at in range(0, len(keys), self.key_size)),
+                   map(self.order, self.value.iter_unpack(values)))
 
-    def _by_key(self, raw: bytes, values: bytes) -> tuple[list, list[int]]:
-        """Each entry's FlowSample of the last read (None for a new one), and the entries
-        whose value is not that read's."""
-        old = len(self.samples)
-        keys = list(map(itemgetter(0), self.key.iter_unpack(raw)))
-        at = list(map(self.index.get, keys, repeat(old)))
-        self.index = dict(zip(keys, range(len(keys))))
-        chunk = struct.Struct(f"{self.value_size}s")
-        before = map([*chunk.iter_unpack(self.raw_values), None].__getitem__, at)
-        changed = list(compress(range(len(keys)), map(ne, chunk.iter_unpack(values), before)))
-        return list(map([*self.samples, None].__getitem__, at)), changed
+    def _visit(self, raw: bytes, row: tuple) -> None:
+        """A visited entry's FlowSample in its place, or, for a flow new to us, last in
+        its class."""
+        at = self.place.get(raw)
+        if at is not None and at[0] == row[0]:
+            samples = self.samples[at[0]]
+            samples[at[1]] = _new_tuple(FlowSample, (samples[at[1]].key, *row))
+            return
+        if at is not None:      # back in another class: evicted, then seen again after the rules changed
+            self._forget(*at)
+        self._append(raw, row)
+
+    def _append(self, raw: bytes, row: tuple) -> None:
+        samples, raws = self.samples.setdefault(row[0], []), self.raws.setdefault(row[0], [])
+        self.place[raw] = (row[0], len(samples))
+        samples.append(_new_tuple(FlowSample, (_decode_key(self.table.Key.from_buffer_copy(raw)), *row)))
+        raws.append(raw)
+
+    def _forget(self, class_id: int, index: int) -> None:
+        samples, raws = self.samples[class_id], self.raws[class_id]
+        del self.place[raws[index]], samples[index], raws[index]
+        for i in range(index, len(raws)):
+            self.place[raws[i]] = (class_id, i)
+
+    def _read_all(self) -> None:
+        """The whole table: flows we know keep their order (and their FlowSample while
+        their entry did not change), flows gone from it leave, new ones come last."""
+        rows = dict(self._rows(_lookup_batch(self.table, self.keys, self.values, self.table.max_entries)))
+        known = [(class_id, self.raws[class_id], samples) for class_id, samples in self.samples.items()]
+        self.samples, self.raws, self.place = {}, {}, {}
+        for class_id, raws, samples in known:
+            kept, kept_raws = [], []
+            for raw, sample in zip(raws, samples):
+                row = rows.get(raw)
+                if row is None or row[0] != class_id:
+                    continue
+                del rows[raw]
+                self.place[raw] = (class_id, len(kept))
+                kept.append(sample if sample[1:] == row else _new_tuple(FlowSample, (sample.key, *row)))
+                kept_raws.append(raw)
+            if kept:
+                self.samples[class_id], self.raws[class_id] = kept, kept_raws
+        for raw, row in rows.items():
+            self._append(raw, row)
 
 
 def _summed_columns(table, buffers, n: int) -> list[list[int]]:

@@ -127,8 +127,14 @@ class Estimator:
         kept = self.flow_ewma ** dt     # kept_share inlined, as in update
         old = self._records
         changed = list(compress(range(len(flows)), map(is_not, flows, old)))
-        if len(flows) == len(old) and all(flows[i].key == old[i].key for i in changed):
+        if len(flows) >= len(old) and all(flows[i].key == old[i].key for i in changed):
+            # the same flows in the same places, new ones after them (Datapath.read_flows)
             prev, shares_before, born, last_ns = old, self._shares, self._born, self._last_ns
+            if len(flows) > len(old):
+                fresh = len(flows) - len(old)
+                prev, shares_before = old + [_NEW] * fresh, shares_before + [0.0] * fresh
+                born, last_ns = born + [self._rounds] * fresh, last_ns + [0] * fresh
+                changed += range(len(old), len(flows))     # _youngest: the loop below
         else:
             prev, shares_before, born, last_ns, changed = self._align(flows)
         rounds_before = self._rounds

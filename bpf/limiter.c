@@ -5,8 +5,9 @@
  * compiles this file with bcc, attaches it at egress, writes `settings`,
  * the classification maps (agent/classify.py lays them out), `config`,
  * `heartbeat` and the client maps, and reads `counters`, `bypass_counters`,
- * `flows`, `client_windows` and `client_heavy`.  A second entry point, drl_ingress, drops
- * banned clients' packets on their way in (docs/clients.md).
+ * `flows`, `flows_visited`, `client_windows` and `client_heavy`.  A second
+ * entry point, drl_ingress, drops banned clients' packets on their way in
+ * (docs/clients.md).
  * Layouts of every map value are in limiter.h.
  */
 #include <uapi/linux/bpf.h>
@@ -35,6 +36,8 @@ BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locke
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
 BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
 BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* sample writes; agent reads */
+BPF_F_TABLE("hash", struct flow_key, struct flow_stats, flows_visited, MAX_FLOWS,
+	    BPF_F_NO_PREALLOC);                                 /* sample writes; the agent drains */
 BPF_PERCPU_ARRAY(clock_cache, struct clock_cache, 1);     /* clock_ns's own */
 /* Per client (docs/clients.md; limiter.c clients): each client's sliding
  * window, and the clients whose count reached their class's line (heavy), so
@@ -766,6 +769,26 @@ static __always_inline __u32 visit_every(struct counters *ctr, __u64 now)
 	return every < 1 ? 1 : every > FLOW_MAX_GAP ? FLOW_MAX_GAP : every;
 }
 
+/* The flow's entry as this visit left it, for the agent: it drains this map
+ * every tick (one lookup-and-delete batch) and so reads the few hundred
+ * entries packets visited, not the whole table (20,000 entries cost ~8 ms of
+ * syscalls a tick: bench/README.md, "Agent cost with many flows").  A plain
+ * copy: two CPUs copying one flow at once may leave a mix of their two
+ * snapshots, counts a visit later corrects (the agent reads them as cumulative,
+ * never below 0: agent/estimator.py).  A full map (more flows visited in one
+ * tick than the table holds) drops the copy; the agent's full read of the
+ * table every few seconds catches up. */
+static __always_inline void note_visit(struct flow_key *k, struct flow_stats *f)
+{
+	struct flow_stats *v = flows_visited.lookup(k);
+
+	if (v) {
+		*v = *f;
+		return;
+	}
+	flows_visited.update(k, f);
+}
+
 /* FPS-HANDLE-PACKET line 1 ([Raghavan07] Fig. 2): a new flow joins the
  * sample set with probability sample_prob; a tracked flow counts the bytes
  * that passed.  An LRU lookup and two atomic adds cost ~40 ns (bench/README.md,
@@ -808,6 +831,7 @@ static __always_inline void sample_flow(const struct settings *s, struct counter
 			__sync_fetch_and_add(&f->packets, gap);
 		}
 		f->last_ns = now;
+		note_visit(k, f);
 		return;
 	}
 	if ((__u64)bpf_get_prandom_u32() >= s->sample_prob * gap)
@@ -816,7 +840,8 @@ static __always_inline void sample_flow(const struct settings *s, struct counter
 		.bytes = passed ? len * gap : 0, .packets = passed ? gap : 0,
 		.first_ns = now, .last_ns = now, .class_id = class_id,
 	};
-	flows.insert(k, &fresh);  /* NOEXIST: a racing CPU's entry wins */
+	if (flows.insert(k, &fresh) == 0)  /* NOEXIST: a racing CPU's entry wins */
+		note_visit(k, &fresh);
 }
 
 /* One clock read per policed packet, shared by police and sample.  Coarse

@@ -242,7 +242,8 @@ struct flow_key {
 };
 
 /* flows: value.  Created by the program for a sampled new flow, updated on
- * every later packet of it; agent/datapath.py reads it (read_flows).
+ * a later packet's visit (limiter.c sample_flow), and copied to flows_visited
+ * then; agent/datapath.py reads both (read_flows).
  * bytes/packets count what passed the limiter. */
 struct flow_stats {
 	__u64 bytes;

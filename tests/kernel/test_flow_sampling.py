@@ -21,7 +21,7 @@ FRAME = 1514 / 1448          # L2 bytes per TCP payload byte: the class counts f
 
 
 def flow_bytes(dp, port: int) -> list[int]:
-    return sorted(f.bytes for f in dp.read_flows() if f.key.dport == port and f.bytes > 100_000)
+    return sorted(f.bytes for f in dp.read_flows().get(0, []) if f.key.dport == port and f.bytes > 100_000)
 
 
 def largest_gap(dp) -> int:
@@ -35,6 +35,7 @@ def test_paced_flows_are_counted_exactly(net, datapath):
     h1, h2 = net.hosts
     dp = datapath()
     dp.set_class(0, Mode.PASS)
+    dp.read_flows()         # the first read is whole; the ones below drain flows_visited, as ticks do
     with iperf3_server(h2) as slow_srv, iperf3_server(h2) as fast_srv:
         slow = iperf3_start(h1, slow_srv, seconds=4, streams=3, bitrate_bps=8e6)
         fast = iperf3_start(h1, fast_srv, seconds=4, streams=1, bitrate_bps=24e6)
@@ -53,28 +54,34 @@ def test_line_rate_flows_are_estimated_within_a_few_percent(net, server, datapat
     h1 = net.hosts[0]
     dp = datapath()
     dp.set_class(0, Mode.PASS)
+    dp.read_flows()         # the first read is whole; the ones below drain flows_visited, as ticks do
     result = iperf3_start(h1, server, seconds=3, streams=8).wait()
     assert largest_gap(dp) > 1                   # sampled, not every skb
     counted = flow_bytes(dp, server.port)
     sent = sorted(b * FRAME for b in result.stream_bytes)
     assert len(counted) == 8 and all(within(c, s, 0.10) for c, s in zip(counted, sent)), (counted, sent)
     assert within(sum(counted), sum(sent), 0.03), (sum(counted), sum(sent))
+    # what the drains put together is the table (the iperf3 flows: nothing visits them now)
+    ours = lambda flows: {f.key: f for f in flows.get(0, []) if f.key.dport == server.port}
+    assert ours(dp.read_flows()) == ours(dp.read_flows(full=True))
 
 
 def test_read_flows_follows_the_table_and_keeps_unchanged_samples(net, datapath):
-    """read_flows (agent/datapath.py _FlowReader) remakes a FlowSample only for an entry
-    whose value changed, matching entries by place or, when flows entered or left, by key:
-    whatever the table went through, it reads what items() reads, and an entry nothing
-    touched is the same object as before (the estimator's cheap path)."""
+    """read_flows (agent/datapath.py _FlowReader) applies the entries the program copied to
+    flows_visited, and reads the whole table when asked (and every few seconds): whatever
+    the table went through, a flow has the values items() reads, keeps its place in its
+    class, and an entry nothing visited is the same object as before (the estimator's
+    cheap path).  The test plays the program: a visit writes both maps, an eviction only
+    the table."""
     import random
 
     from drl.agent.datapath import FlowKey, _encode_key
 
     dp = datapath(max_flows=1024)
-    # detached: the table changes by the test's writes only (the namespace's own IPv6
-    # neighbour discovery entered it between two reads in a full run: 370 flows, then 369)
+    # detached: the maps change by the test's writes only (the namespace's own IPv6
+    # neighbour discovery entered the table between two reads in a full run)
     dp.detach()
-    table = dp._bpf[b"flows"]
+    table, visited = dp._bpf[b"flows"], dp._bpf[b"flows_visited"]
     rng = random.Random(3)
     now = 1_000
 
@@ -85,26 +92,44 @@ def test_read_flows_follows_the_table_and_keeps_unchanged_samples(net, datapath)
         value = table.Leaf()
         value.bytes, value.packets, value.first_ns, value.last_ns, value.class_id = nbytes, nbytes // 100, first, last, class_id
         table[key(port)] = value
+        visited[key(port)] = value
 
-    def as_read() -> dict:
+    def as_read(flows: dict) -> dict:
+        return {(f.key.sport, f.key.dport): (f.class_id, f.bytes, f.packets, f.first_ns, f.last_ns)
+                for class_id, samples in flows.items() for f in samples if f.class_id == class_id}
+
+    def in_table() -> dict:
         return {(k.sport, k.dport): (v.class_id, v.bytes, v.packets, v.first_ns, v.last_ns) for k, v in table.items()}
+
+    def order(flows: dict) -> list:
+        return [(class_id, f.key.dport) for class_id, samples in flows.items() for f in samples]
 
     for port in range(300):
         put(port, 0, now, now, 0)
-    for _ in range(40):
+    flows = dp.read_flows()
+    assert as_read(flows) == in_table()
+    for round_ in range(40):
         now += rng.choice([0, 4_000_000])        # a visit may fall in the coarse clock's same tick
         for port in rng.sample(range(400), 60):
             try:
                 old = table[key(port)]
             except KeyError:
-                put(port, 100, now, now, rng.randrange(2))         # a flow enters
+                put(port, 100, now, now, rng.randrange(2))         # a flow enters, in either class
                 continue
             if rng.random() < 0.1:
                 del table[key(port)]                                # leaves (evicted)
             else:
                 put(port, old.bytes + rng.choice([0, 100]), old.first_ns, now, old.class_id)    # a visit
-        flows = dp.read_flows()
-        assert {(f.key.sport, f.key.dport): (f.class_id, f.bytes, f.packets, f.first_ns, f.last_ns)
-                for f in flows} == as_read()
+        full = round_ % 4 == 3
+        before, flows = flows, dp.read_flows(full=full)
+        got, table_now = as_read(flows), in_table()
+        assert sum(map(len, flows.values())) == len(got)          # each flow once, in its class
+        if full:
+            assert got == table_now
+        else:   # an evicted flow stays until the next full read
+            assert {k: got[k] for k in table_now} == table_now
+        kept = set(order(before)) & set(order(flows))             # a flow keeps its place
+        assert [p for p in order(before) if p in kept] == [p for p in order(flows) if p in kept]
         again = dp.read_flows()
-        assert len(again) == len(flows) and all(a is b for a, b in zip(again, flows))
+        assert order(again) == order(flows)
+        assert all(a is b for c in flows for a, b in zip(again[c], flows[c]))

@@ -102,7 +102,7 @@ class FakeDatapath:
         return {i: self.counters if i == CLASS_ID else Counters() for i in class_ids}
 
     def read_flows(self):
-        return list(self.flows)
+        return {CLASS_ID: list(self.flows)}
 
     def send(self, nbytes: int) -> None:
         """``nbytes`` passed the limiter, as one flow."""
