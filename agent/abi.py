@@ -68,11 +68,14 @@ MAX_DEPTH_NS = 1 << 40
 # FLOW_VISIT_NS 0 = every packet visits.
 FLOW_VISIT_NS = 250_000
 FLOW_MAX_GAP = 256
+# Each CPU remembers the class of up to 2^MEMO_BITS flows (limiter.c classify_memo),
+# one slot per flow hash: 64 KiB per CPU at 10 bits.  0 = no memo (bench only).
+MEMO_BITS = 10
 # The program's clock: 1 = bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC_COARSE, one
 # jiffy of resolution, ~30 ns cheaper per packet here), 0 = bpf_ktime_get_ns.
 CLOCK_COARSE = 1
 # bench/datapath.py only: build the program without parts of the pipeline to
-# attribute its cost (limiter.c SKIP_*: 1 flow table, 2 police, 4 clock).  0 in the agent.
+# attribute its cost (limiter.c SKIP_*: 1 flow table, 2 police, 4 clock, 8 classification).  0 in the agent.
 BENCH_SKIP = 0
 
 # A class's client rule (limiter.h class_config.client_*; agent/clients.py ClientRule):
@@ -118,7 +121,8 @@ def cflags(**sizes: int) -> list[str]:
               "PROB_ONE": f"{PROB_ONE}ULL", "UNLIMITED": f"{UNLIMITED}ULL",
               "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP,
               "NS_FRAC_BITS": NS_FRAC_BITS, "MAX_DEPTH_NS": f"{MAX_DEPTH_NS}ULL",
-              "FLOW_VISIT_NS": FLOW_VISIT_NS, "FLOW_MAX_GAP": FLOW_MAX_GAP, "CLOCK_COARSE": CLOCK_COARSE, "BENCH_SKIP": BENCH_SKIP}
+              "FLOW_VISIT_NS": FLOW_VISIT_NS, "FLOW_MAX_GAP": FLOW_MAX_GAP, "CLOCK_COARSE": CLOCK_COARSE,
+              "MEMO_BITS": MEMO_BITS, "BENCH_SKIP": BENCH_SKIP}
     values.update(sizes)
     values.setdefault("MAX_KEYS", KEYS_PER_CLASS * values["MAX_CLASSES"])
     return [f"-D{name}={value}" for name, value in values.items()]

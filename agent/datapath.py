@@ -227,6 +227,7 @@ class Datapath:
         self._client_bans: dict[int, dict[Client, int]] = {}
         self._client_lines: dict[int, float] = {}                     # class id -> its heavy line
         self._client_gen = 1                        # settings.client_gen: never 0 (limiter.c clients)
+        self._rules_gen = 0                         # settings.rules_gen: 0 until the first rules
         self._heavy_bufs = None                     # read_heavy's batch arrays, made on first use
         gossip_port, gossip_mark = _gossip_exemption(gossip_port, gossip_mark)
         registry_port = registry_port if gossip_port else 0     # the registry's exemption is the gossip mark's
@@ -440,7 +441,10 @@ class Datapath:
         1. entries that are new or changed are written (unchanged ones are
            not touched);
         2. one settings write: mark masks and prefix lengths;
-        3. entries no longer needed are deleted.
+        3. entries no longer needed are deleted;
+        4. one settings write: rules_gen moves on, which ends every class a
+           CPU remembered for a flow (limiter.c classify_memo), those found
+           during steps 1-3 too.  Nothing changed: nothing is written.
 
         So a newly listed mask or length has all its entries at once, and no
         probe is spent on entries already gone.  A class whose rules did not
@@ -461,6 +465,8 @@ class Datapath:
         except ClassifyError as e:
             raise DatapathError(str(e)) from None
         old = self._rules
+        if new == old:
+            return
         tables = self._classification_tables(old, new)
         for table, encode, before, after in tables:
             for key, entry in after.items():
@@ -473,6 +479,9 @@ class Datapath:
         for table, encode, before, after in tables:
             for key in before.keys() - after.keys():
                 del table[encode(table.Key(), key)]
+        # last: the classes each CPU remembered per flow (limiter.c classify_memo) end here
+        self._rules_gen = self._rules_gen % (2**32 - 1) + 1
+        self._write_settings(rules_gen=self._rules_gen)
         self._rules = new
 
     def reset_class(self, class_id: int) -> None:

@@ -52,7 +52,8 @@ MIXES = {"udp64": dict(udp_bps=0, length=22, streams=1),    # 22 B payload: 64-b
 # name -> abi.cflags overrides: the limiter as built for the agent, and without parts
 VARIANTS = {"limiter": {}, "no-flow-table": {"BENCH_SKIP": 1}, "flows-every-packet": {"FLOW_VISIT_NS": 0},
             "fine-clock": {"CLOCK_COARSE": 0}, "no-police": {"BENCH_SKIP": 2},
-            "parse-classify-count": {"BENCH_SKIP": 3}, "parse-classify-count-no-clock": {"BENCH_SKIP": 7}}
+            "parse-classify-count": {"BENCH_SKIP": 3}, "parse-classify-count-no-clock": {"BENCH_SKIP": 7},
+            "no-memo": {"MEMO_BITS": 0}, "no-classify": {"BENCH_SKIP": 8}}
 
 
 def say(msg: str) -> None:

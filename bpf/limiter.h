@@ -71,8 +71,8 @@
 #if !defined(NS_FRAC_BITS) || !defined(MAX_DEPTH_NS) || !defined(FLOW_VISIT_NS) || !defined(FLOW_MAX_GAP)
 #error "NS_FRAC_BITS, MAX_DEPTH_NS, FLOW_VISIT_NS, FLOW_MAX_GAP come from agent/abi.py"
 #endif
-#if !defined(CLOCK_COARSE) || !defined(BENCH_SKIP)
-#error "CLOCK_COARSE, BENCH_SKIP come from agent/abi.py"
+#if !defined(CLOCK_COARSE) || !defined(MEMO_BITS) || !defined(BENCH_SKIP)
+#error "CLOCK_COARSE, MEMO_BITS, BENCH_SKIP come from agent/abi.py"
 #endif
 
 /* One rule of a classification entry (agent/classify.py places them).
@@ -141,6 +141,7 @@ struct settings {
 	__u8  dst_lengths[MAX_PREFIX_LENGTHS];   /* net_key prefixlens in dst_nets, any order; > 8 + 128 = free */
 	__u8  src_lengths[MAX_PREFIX_LENGTHS];   /* the same for src_nets */
 	__u32 client_gen;                        /* moved on by a new ban or throttled client; never 0 (limiter.c clients) */
+	__u32 rules_gen;                         /* moved on after every change of the rules; never 0 (limiter.c classify_memo) */
 };
 
 /* config[class_id]: what the agent decided for a class.
@@ -239,6 +240,17 @@ struct flow_key {
 	__u8  family;              /* 4 or 6 */
 	__u8  proto;
 	__u16 pad0;
+};
+
+/* memos[slot] (per CPU): a flow's class as classify found it, while
+ * settings.rules_gen is still gen (limiter.c classify_memo); the program's own.
+ * One cache line. */
+struct class_memo {
+	struct flow_key key;
+	__u32 mark;                /* skb->mark: mark rules classify by it */
+	__u32 gen;                 /* settings.rules_gen it was found in; 0 = empty */
+	__s64 class_id;            /* or NO_CLASS */
+	__u64 pad0;
 };
 
 /* flows: value.  Created by the program for a sampled new flow, updated on

@@ -139,6 +139,27 @@ def test_the_longest_prefix_of_every_length_in_use_wins(net, server, datapath):
     assert packets(dp, 0) == 100 and packets(dp, 3) == 200
 
 
+def test_a_flow_classified_before_a_rules_change_follows_the_new_rules(net, server, datapath):
+    """Each CPU remembers a flow's class (limiter.c classify_memo) until the rules change:
+    the same TCP connections, classified at their start, count in the class the new rules
+    give them from set_rules on, whether the change rewrote their entry or added a longer
+    prefix over it."""
+    h1 = net.hosts[0]
+    dp = datapath(classes=[parse_class(f"dst={H2},proto=tcp")])          # class 0
+    client = iperf3_start(h1, server, seconds=4, streams=2)
+    time.sleep(1.0)
+    for rules, now_in in (([(parse_class(f"dst={H2},proto=tcp"), 1)], 1),                  # its entry rewritten
+                          ([(parse_class("dst=10.0.0.0/8,proto=tcp"), 1),
+                            (parse_class(f"dst={H2}"), 2)], 2)):                           # a longer prefix added
+        dp.set_rules(rules)
+        time.sleep(0.05)              # a packet another CPU was classifying meanwhile has been counted
+        before = {i: packets(dp, i) for i in (0, 1, 2)}
+        time.sleep(0.5)
+        got = {i: packets(dp, i) - before[i] for i in (0, 1, 2)}
+        assert got[now_in] > 1000 and sum(got.values()) == got[now_in], got
+    client.wait()
+
+
 def test_prefix_lengths_come_and_go_while_a_prefix_class_keeps_its_packets(net, server, datapath):
     h1 = net.hosts[0]
     kept = (parse_class("dst=10.0.0.0/16,proto=tcp"), 0)
