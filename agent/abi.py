@@ -6,6 +6,8 @@ never disagree with what Python writes into the maps.
 """
 from __future__ import annotations
 
+import platform
+
 # Map sizes (defaults; MAX_FLOWS, MAX_CLASSES and MAX_CLIENTS are load-time choices of the agent).
 MAX_FLOWS = 4096
 MAX_CLASSES = 4096
@@ -69,8 +71,10 @@ MAX_DEPTH_NS = 1 << 40
 FLOW_VISIT_NS = 250_000
 FLOW_MAX_GAP = 256
 # Each CPU remembers the class of up to 2^MEMO_BITS flows (limiter.c classify_memo),
-# one slot per flow hash: 64 KiB per CPU at 10 bits.  0 = no memo (bench only).
-MEMO_BITS = 10
+# one slot per flow hash: 64 KiB per CPU at 10 bits.  0 = no memo: on CPUs that may
+# reorder loads (limiter.c reads the rules' generation before the rules with no
+# load-acquire), and in bench variants.
+MEMO_BITS = 10 if platform.machine() == "x86_64" else 0
 # The program's clock: 1 = bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC_COARSE, one
 # jiffy of resolution, ~30 ns cheaper per packet here), 0 = bpf_ktime_get_ns.
 CLOCK_COARSE = 1

@@ -174,9 +174,11 @@ class Estimator:
         """The last update's record, share, _born and last_ns of each flow in ``flows``, in
         its order (_NEW, 0.0, _rounds, 0 for a flow new to us; the columns are this
         update's to change), and the places whose record is not the last update's, when
-        the flows do not come in the same order as last time (the flow table's batch order
-        is stable while no flow enters or leaves: then _update_flows takes the columns as
-        they are).  Each flow is found by its record, or by its key."""
+        the flows do not come in the same order as last time: Datapath.read_flows keeps a
+        flow's place and puts new flows last (_update_flows takes the columns as they are
+        then), so this happens when flows left (its full read of the table, a flow back in
+        another class) or with a caller that reorders.  Each flow is found by its record,
+        or by its key."""
         old = self._records
         # A record handed out again (read_flows does so for an entry that did not change) is
         # found by its identity, an int hash; only the others by key, a tuple hash each.

@@ -37,8 +37,8 @@ BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locke
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
 BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
 BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* sample writes; agent reads */
-BPF_F_TABLE("hash", struct flow_key, struct flow_stats, flows_visited, MAX_FLOWS,
-	    BPF_F_NO_PREALLOC);                                 /* sample writes; the agent drains */
+/* sample writes (an update, ~150 ns: preallocated, ~210 without); the agent drains */
+BPF_TABLE("hash", struct flow_key, struct flow_stats, flows_visited, MAX_FLOWS);
 BPF_PERCPU_ARRAY(clock_cache, struct clock_cache, 1);     /* clock_ns's own */
 /* Per client (docs/clients.md; limiter.c clients): each client's sliding
  * window, and the clients whose count reached their class's line (heavy), so
@@ -270,10 +270,11 @@ static __always_inline int memo_holds(const struct class_memo *m, const struct f
  * generation it was found in; the agent moves rules_gen on at the end of
  * every change of the rules (Datapath.set_rules), so from then on no packet
  * keeps a class the rules no longer give it.  gen is read before the rules
- * (the barrier; x86 keeps loads in order): an answer found from entries that
- * a change was replacing is filed under the generation before its end.  The
- * slot is emptied first and filled last, so that a packet that runs in
- * between on this CPU (a preempted program on PREEMPT_RT) finds no half memo. */
+ * (the barrier, and x86's loads in order: agent/abi.py builds without memos
+ * elsewhere), so an answer found from entries a change was replacing is
+ * filed under the generation before the change's end.  Plain writes: tc runs
+ * with bottom halves off, so no other run of the program interleaves with
+ * this one on its CPU. */
 static __always_inline __s64 classify_memo(const struct settings *s, const struct flow_key *k, __u32 mark)
 {
 	__u32 slot = memo_slot(k, mark), gen = s->rules_gen;
@@ -285,12 +286,9 @@ static __always_inline __s64 classify_memo(const struct settings *s, const struc
 		return m->class_id;
 	class_id = classify(s, k, mark);
 	if (m && gen) {
-		m->gen = 0;
-		asm volatile("" ::: "memory");
 		m->key = *k;
 		m->mark = mark;
 		m->class_id = class_id;
-		asm volatile("" ::: "memory");
 		m->gen = gen;
 	}
 	return class_id;
@@ -832,21 +830,19 @@ static __always_inline __u32 visit_every(struct counters *ctr, __u64 now)
 
 /* The flow's entry as this visit left it, for the agent: it drains this map
  * every tick (one lookup-and-delete batch) and so reads the few hundred
- * entries packets visited, not the whole table (20,000 entries cost ~8 ms of
- * syscalls a tick: bench/README.md, "Agent cost with many flows").  A plain
- * copy: two CPUs copying one flow at once may leave a mix of their two
- * snapshots, counts a visit later corrects (the agent reads them as cumulative,
- * never below 0: agent/estimator.py).  A full map (more flows visited in one
- * tick than the table holds) drops the copy; the agent's full read of the
- * table every few seconds catches up. */
+ * entries packets visited, not the whole table (20,000 entries cost ~5 ms of
+ * syscalls a tick: bench/README.md, "Agent cost with many flows").  An
+ * update, not a copy into the entry found: it replaces the element under the
+ * bucket's lock, which the drain takes too, so a visit lands either in what
+ * this tick's drain reads or in what stays for the next one (a copy into an
+ * element the drain had just taken would be lost).  Two CPUs visiting one
+ * flow at once may leave the older snapshot last: a later visit or the full
+ * read brings the rest (counts are cumulative; agent/estimator.py takes a
+ * sample below the last one as 0).  A full map
+ * (more flows visited in one tick than the table holds) drops the copy; the
+ * agent's full read of the table every few seconds catches up. */
 static __always_inline void note_visit(struct flow_key *k, struct flow_stats *f)
 {
-	struct flow_stats *v = flows_visited.lookup(k);
-
-	if (v) {
-		*v = *f;
-		return;
-	}
 	flows_visited.update(k, f);
 }
 

@@ -141,7 +141,7 @@ struct settings {
 	__u8  dst_lengths[MAX_PREFIX_LENGTHS];   /* net_key prefixlens in dst_nets, any order; > 8 + 128 = free */
 	__u8  src_lengths[MAX_PREFIX_LENGTHS];   /* the same for src_nets */
 	__u32 client_gen;                        /* moved on by a new ban or throttled client; never 0 (limiter.c clients) */
-	__u32 rules_gen;                         /* moved on after every change of the rules; never 0 (limiter.c classify_memo) */
+	__u32 rules_gen;                         /* moved on after every change of the rules; 0 = no memo (limiter.c classify_memo) */
 };
 
 /* config[class_id]: what the agent decided for a class.

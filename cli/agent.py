@@ -83,7 +83,8 @@ def main() -> None:
               help="Share of a flow's byte share still present after one second (FPS's flow rates; see README).")
 @click.option("--sample-probability", type=PROBABILITY,
               help="Probability that a new flow enters the flow table (FPS's sample set) [default: fps 0.1, others 1].")
-@click.option("--max-flows", type=click.IntRange(min=16), default=4096, show_default=True, help="Flow table size.")
+@click.option("--max-flows", type=click.IntRange(min=16), default=4096, show_default=True,
+              help="Flow table size (the kernel keeps two maps of this many flows, ~130 bytes each).")
 @click.option("--max-classes", type=click.IntRange(1, 65536), default=4096, show_default=True,
               help="Classes the datapath has room for (a load-time size).")
 @click.option("--max-clients", type=click.IntRange(1024, 2**24), default=MAX_CLIENTS, show_default=True,
