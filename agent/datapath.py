@@ -480,7 +480,7 @@ class Datapath:
             for key in before.keys() - after.keys():
                 del table[encode(table.Key(), key)]
         # last: the classes each CPU remembered per flow (limiter.c classify_memo) end here
-        self._rules_gen = self._rules_gen % (2**32 - 1) + 1
+        self._rules_gen = _next_gen(self._rules_gen)
         self._write_settings(rules_gen=self._rules_gen)
         self._rules = new
 
@@ -595,7 +595,7 @@ class Datapath:
     def _new_client_gen(self) -> None:
         """After new bans or throttled clients: every client is checked against them again
         (a client's count remembers the generation it was found clear in: limiter.c clients)."""
-        self._client_gen = self._client_gen % (2**32 - 1) + 1
+        self._client_gen = _next_gen(self._client_gen)
         self._write_settings(client_gen=self._client_gen)
 
     def _rule_for(self, class_id: int, entries: Mapping) -> ClientRule | None:
@@ -1064,6 +1064,12 @@ def _fields(buf: bytes, record, names: Sequence[str]) -> list[array.array]:
 
 def _sum_cpus(per_cpu) -> Counters:
     return Counters(*(sum(getattr(c, name) for c in per_cpu) for name in Counters._fields))
+
+
+def _next_gen(gen: int) -> int:
+    """The generation after ``gen`` in a __u32 settings field: never 0 (limiter.c reads 0
+    as "none yet")."""
+    return gen % (2**32 - 1) + 1
 
 
 def _gossip_exemption(port: int | None, mark: int) -> tuple[int, int]:

@@ -838,9 +838,9 @@ static __always_inline __u32 visit_every(struct counters *ctr, __u64 now)
  * element the drain had just taken would be lost).  Two CPUs visiting one
  * flow at once may leave the older snapshot last: a later visit or the full
  * read brings the rest (counts are cumulative; agent/estimator.py takes a
- * sample below the last one as 0).  A full map
- * (more flows visited in one tick than the table holds) drops the copy; the
- * agent's full read of the table every few seconds catches up. */
+ * sample below the last one as 0).  A full map (more flows visited in one
+ * tick than the table holds) drops the copy; the agent's full read of the
+ * table every few seconds catches up. */
 static __always_inline void note_visit(struct flow_key *k, struct flow_stats *f)
 {
 	flows_visited.update(k, f);
