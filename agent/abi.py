@@ -7,6 +7,7 @@ never disagree with what Python writes into the maps.
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 
 # Map sizes (defaults; MAX_FLOWS, MAX_CLASSES and MAX_CLIENTS are load-time choices of the agent).
 MAX_FLOWS = 4096
@@ -108,6 +109,14 @@ MODE_DROP = 2
 DROP_ACTIONS = {"shot": 2, "stolen": 4}   # TC_ACT_SHOT, TC_ACT_STOLEN
 
 
+def possible_cpus() -> int:
+    """1 + the highest CPU number the kernel may ever run (/sys/devices/system/cpu/possible,
+    e.g. "0-7"): the memo has 2^MEMO_BITS slots for each CPU, in one array, so that each
+    slot is one cache line (limiter.h class_memo)."""
+    ranges = Path("/sys/devices/system/cpu/possible").read_text().strip().split(",")
+    return max(int(r.split("-")[-1]) for r in ranges) + 1
+
+
 def cflags(**sizes: int) -> list[str]:
     """``-DNAME=value`` for every shared constant; ``sizes`` overrides the map sizes
     (e.g. ``MAX_CLASSES=256``; MAX_KEYS follows it; ``MAX_CLIENTS``) and adds load-time choices such as
@@ -126,7 +135,7 @@ def cflags(**sizes: int) -> list[str]:
               "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP,
               "NS_FRAC_BITS": NS_FRAC_BITS, "MAX_DEPTH_NS": f"{MAX_DEPTH_NS}ULL",
               "FLOW_VISIT_NS": FLOW_VISIT_NS, "FLOW_MAX_GAP": FLOW_MAX_GAP, "CLOCK_COARSE": CLOCK_COARSE,
-              "MEMO_BITS": MEMO_BITS, "BENCH_SKIP": BENCH_SKIP}
+              "MEMO_BITS": MEMO_BITS, "MAX_CPUS": possible_cpus(), "BENCH_SKIP": BENCH_SKIP}
     values.update(sizes)
     values.setdefault("MAX_KEYS", KEYS_PER_CLASS * values["MAX_CLASSES"])
     return [f"-D{name}={value}" for name, value in values.items()]

@@ -20,7 +20,11 @@
 #include <uapi/linux/tcp.h>
 #include "limiter.h"
 
-BPF_ARRAY(settings, struct settings, 1);                 /* agent writes; classify, sample read */
+/* Arrays every packet reads are BPF_F_MMAPABLE, not to map them but because
+ * such a map's values start a page, so limiter.h can keep what a packet reads
+ * of a value in one cache line (an array's values start at any multiple of 8
+ * otherwise, per-CPU ones too). */
+BPF_F_TABLE("array", int, struct settings, settings, 1, BPF_F_MMAPABLE); /* agent writes; classify, sample read */
 /* Classification (agent/classify.py lays them out; the agent writes, classify
  * reads).  Every prefix of a direction sits in one hash, keyed by its length
  * and masked address, and settings lists the lengths in use: a packet costs
@@ -30,10 +34,10 @@ BPF_ARRAY(settings, struct settings, 1);                 /* agent writes; classi
 BPF_F_TABLE("hash", struct net_key, struct rule_list, dst_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct net_key, struct rule_list, src_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);
-BPF_PERCPU_ARRAY(memos, struct class_memo, 1 << MEMO_BITS); /* classify_memo's own */
-BPF_ARRAY(config, struct class_config, MAX_CLASSES);     /* agent writes; police reads */
-BPF_ARRAY(heartbeat, __u64, 1);                          /* agent writes every tick; stale reads */
-BPF_ARRAY(buckets, struct bucket, MAX_CLASSES);          /* police writes (locked); agent reads quota */
+BPF_F_TABLE("array", int, struct class_memo, memos, MAX_CPUS << MEMO_BITS, BPF_F_MMAPABLE); /* classify_memo's own */
+BPF_F_TABLE("array", int, struct class_config, config, MAX_CLASSES, BPF_F_MMAPABLE); /* agent writes; police reads */
+BPF_F_TABLE("array", int, __u64, heartbeat, 1, BPF_F_MMAPABLE); /* agent writes every tick; stale reads */
+BPF_F_TABLE("array", int, struct bucket, buckets, MAX_CLASSES, BPF_F_MMAPABLE); /* police writes; agent reads quota */
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
 BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
 BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* sample writes; agent reads */
@@ -277,7 +281,7 @@ static __always_inline int memo_holds(const struct class_memo *m, const struct f
  * this one on its CPU. */
 static __always_inline __s64 classify_memo(const struct settings *s, const struct flow_key *k, __u32 mark)
 {
-	__u32 slot = memo_slot(k, mark), gen = s->rules_gen;
+	__u32 slot = bpf_get_smp_processor_id() << MEMO_BITS | memo_slot(k, mark), gen = s->rules_gen;
 	struct class_memo *m = memos.lookup(&slot);
 	__s64 class_id;
 
@@ -335,14 +339,12 @@ static __always_inline __u64 wire_bytes(struct __sk_buff *skb)
 static __always_inline int stale(const struct class_config *c, __u64 now)
 {
 	__u32 zero = 0;
-	__u64 *beat, fresh = c->updated_ns;
+	__u64 *beat;
 
-	if (!c->timeout_ns)
-		return 0;
+	if (!c->timeout_ns || now <= c->updated_ns + c->timeout_ns)
+		return 0;  /* fresh by its own stamp (FPS writes every tick): the heartbeat's line stays unread */
 	beat = heartbeat.lookup(&zero);
-	if (beat && *beat > fresh)
-		fresh = *beat;
-	return now > fresh + c->timeout_ns;
+	return !beat || now > *beat + c->timeout_ns;
 }
 
 /* What applies to a class right now: its config, or the fail-safe when

@@ -71,8 +71,8 @@
 #if !defined(NS_FRAC_BITS) || !defined(MAX_DEPTH_NS) || !defined(FLOW_VISIT_NS) || !defined(FLOW_MAX_GAP)
 #error "NS_FRAC_BITS, MAX_DEPTH_NS, FLOW_VISIT_NS, FLOW_MAX_GAP come from agent/abi.py"
 #endif
-#if !defined(CLOCK_COARSE) || !defined(MEMO_BITS) || !defined(BENCH_SKIP)
-#error "CLOCK_COARSE, MEMO_BITS, BENCH_SKIP come from agent/abi.py"
+#if !defined(CLOCK_COARSE) || !defined(MEMO_BITS) || !defined(MAX_CPUS) || !defined(BENCH_SKIP)
+#error "CLOCK_COARSE, MEMO_BITS, MAX_CPUS, BENCH_SKIP come from agent/abi.py"
 #endif
 
 /* One rule of a classification entry (agent/classify.py places them).
@@ -133,54 +133,61 @@ struct mark_key {
  * read mid-update holds the old or the new value, each of them safe
  * (Datapath.set_rules says why). */
 struct settings {
-	__u64 sample_prob;                       /* out of PROB_ONE: chance that a new flow enters the flow table (FPS) */
-	__u32 mark_masks[MAX_MARK_MASKS];        /* tried in order; 0 = free slot */
+	/* What every packet reads (limiter.c exempt, classify_memo) first, in the
+	 * value's first cache line (the map is BPF_F_MMAPABLE: the value starts a page). */
+	__u32 rules_gen;                         /* moved on after every change of the rules; 0 = no memo (limiter.c classify_memo) */
 	__u32 gossip_mark;                       /* the agent's own gossip: skb->mark == gossip_mark */
 	__u16 gossip_port;                       /*   and UDP from this port; 0 = nothing is exempt */
 	__u16 registry_port;                     /*   or TCP to this port (etcd); 0 = none */
+	__u32 client_gen;                        /* moved on by a new ban or throttled client; never 0 (limiter.c clients) */
+	__u64 sample_prob;                       /* out of PROB_ONE: chance that a new flow enters the flow table (FPS) */
+	__u32 mark_masks[MAX_MARK_MASKS];        /* tried in order; 0 = free slot */
 	__u8  dst_lengths[MAX_PREFIX_LENGTHS];   /* net_key prefixlens in dst_nets, any order; > 8 + 128 = free */
 	__u8  src_lengths[MAX_PREFIX_LENGTHS];   /* the same for src_nets */
-	__u32 client_gen;                        /* moved on by a new ban or throttled client; never 0 (limiter.c clients) */
-	__u32 rules_gen;                         /* moved on after every change of the rules; 0 = no memo (limiter.c classify_memo) */
 };
 
 /* config[class_id]: what the agent decided for a class.
- * Written only by agent/datapath.py (set_class); read by the program. */
+ * Written only by agent/datapath.py (set_class); read by the program.
+ * A rate is also kept as time, worked out by agent/bucket.py (bucket_times)
+ * so that a packet never divides (limiter.c take_tokens): *ns_per_byte is
+ * 1e9 / rate in 2^-NS_FRAC_BITS ns (0 = rate 0), *depth_ns the depth at that
+ * price.  What a packet of a class without a client rule reads comes first,
+ * in one cache line (the map is BPF_F_MMAPABLE, so its values start a page,
+ * and the struct is 3 lines long): it read 3 lines before. */
 struct class_config {
-	__u64 rate_Bps;            /* token refill rate, bytes/s */
-	__u64 burst_bytes;         /* bucket depth */
-	__u64 drop_prob;           /* MODE_DROP, out of PROB_ONE */
+	__u64 ns_per_byte;         /* the bucket's price */
+	__u64 depth_ns;
+	__u64 floor_ns_per_byte;   /* 0 = no floor (limiter.c policy_of) */
 	__u64 updated_ns;          /* bpf_ktime_get_ns() clock (CLOCK_MONOTONIC) at the agent's last write */
 	__u64 timeout_ns;          /* 0 = never; timeout_ns after the later of updated_ns and heartbeat[0]
 	                            * (the agent's last tick) the safe rate applies (limiter.c stale) */
-	__u64 safe_rate_Bps;       /* fail-safe bucket rate when the agent is silent; UNLIMITED = pass */
-	__u64 safe_burst_bytes;
-	__u64 floor_rate_Bps;      /* a bucket never refills slower: FPS slow start (limiter.c policy_of) */
-	__u64 quota_bytes;         /* byte allowance, loaded when quota_seq changes */
-	__u32 quota_seq;           /* 0 = no quota; agent/datapath.py bumps it on every new allowance */
+	__u64 drop_prob;           /* MODE_DROP, out of PROB_ONE */
 	__u32 mode;                /* MODE_* */
-	__u32 shadow;              /* 1 = a would-be drop is counted as dropped but passed (limiter.c refuse) */
+	__u32 quota_seq;           /* 0 = no quota; agent/datapath.py bumps it on every new allowance */
 	__u32 shape_prio;          /* 0 = police; else the class's HTB handle, set as skb->priority (limiter.c shape) */
+	__u8  shadow;              /* 1 = a would-be drop is counted as dropped but passed (limiter.c refuse) */
 	/* The class's client rule (agent/clients.py ClientRule; limiter.c clients), written by
 	 * set_client_rule and kept by set_class.  client_side 0: no rule, the only field a
 	 * packet of the class then reads. */
 	__u8  client_side;         /* 0, CLIENT_DST or CLIENT_SRC: the address that is the client */
-	__u8  client_measure;      /* MEASURE_*: the unit a client_limits bucket charges */
 	__u16 client_flags;        /* CLIENT_HAS_*: the class has entries in client_limits, client_bans, client_exempt */
+	/* 64 bytes: the rest is read when the rates above do not apply, or by a client rule. */
+	__u64 rate_Bps;            /* token refill rate, bytes/s */
+	__u64 burst_bytes;         /* bucket depth */
+	__u64 safe_rate_Bps;       /* fail-safe bucket rate when the agent is silent; UNLIMITED = pass */
+	__u64 safe_burst_bytes;
+	__u64 safe_ns_per_byte;
+	__u64 safe_depth_ns;
+	__u64 floor_rate_Bps;      /* a bucket never refills slower: FPS slow start (limiter.c policy_of) */
+	__u64 floor_depth_ns;
+	__u64 quota_bytes;         /* byte allowance, loaded when quota_seq changes */
+	__u8  client_measure;      /* MEASURE_*: the unit a client_limits bucket charges */
+	__u8  pad0[3];
 	__u32 client_mask4;        /* the client's prefix of an IPv4 address: addr & mask (network order) */
 	__u32 client_mask6[4];     /* the same for IPv6 */
 	__u64 client_window_ns;    /* the threshold's sliding window (limiter.c count_client) */
 	__u64 client_line;         /* a client whose count reaches it goes into client_heavy; in the measure's units */
-	/* The three buckets above as time, worked out by agent/bucket.py
-	 * (bucket_times) so that a packet never divides (limiter.c take_tokens):
-	 * ns_per_byte is 1e9 / rate in 2^-NS_FRAC_BITS ns (0 = rate 0), depth_ns
-	 * the depth at that price. */
-	__u64 ns_per_byte;
-	__u64 depth_ns;
-	__u64 safe_ns_per_byte;
-	__u64 safe_depth_ns;
-	__u64 floor_ns_per_byte;   /* 0 = no floor */
-	__u64 floor_depth_ns;
+	__u64 pad1[2];
 };
 
 /* A token bucket as virtual time (limiter.c take_tokens), a class's or a client's. */
@@ -199,6 +206,7 @@ struct bucket {
 	__u32 quota_seq;           /* config.quota_seq that quota_left was loaded from */
 	struct gcra gcra;
 	__u64 quota_left;          /* bytes the class may still pass (when config.quota_seq != 0) */
+	__u64 pad0[4];             /* a line of its own: two CPUs charging two classes never share one */
 };
 
 /* counters[class_id] (per CPU) and bypass_counters[0] (per CPU; unmatched or exempt
@@ -242,9 +250,10 @@ struct flow_key {
 	__u16 pad0;
 };
 
-/* memos[slot] (per CPU): a flow's class as classify found it, while
- * settings.rules_gen is still gen (limiter.c classify_memo); the program's own.
- * One cache line. */
+/* memos[cpu << MEMO_BITS | slot]: a flow's class as classify found it on
+ * that CPU, while settings.rules_gen is still gen (limiter.c classify_memo);
+ * the program's own.  One cache line: the map is BPF_F_MMAPABLE, so its values
+ * start a page (a per-CPU array's may start anywhere, and a slot took two). */
 struct class_memo {
 	struct flow_key key;
 	__u32 mark;                /* skb->mark: mark rules classify by it */
