@@ -143,10 +143,10 @@ def one_run(net, srv, prog, mix: str, seconds: float) -> dict:
     if prog is not None:
         prog.attach()
     try:
-        before, cpus = (prog_stats(prog.prog_fd) if prog is not None else (0, 0)), per_cpu(prog)
+        before, start = prog_stats(prog.prog_fd) if prog is not None else (0, 0), per_cpu(prog)
         result = iperf3_start(h1, srv, seconds=int(seconds), cpu=0, **MIXES[mix]).wait()
-        after, cpus = (prog_stats(prog.prog_fd) if prog is not None else (0, 0)), \
-            [b - a for a, b in zip(cpus, per_cpu(prog))]
+        after = prog_stats(prog.prog_fd) if prog is not None else (0, 0)
+        cpus = [b - a for a, b in zip(start, per_cpu(prog))]
     finally:
         if prog is not None:
             prog.detach()

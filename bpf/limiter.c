@@ -36,7 +36,7 @@ BPF_F_TABLE("hash", struct net_key, struct rule_list, src_nets, MAX_KEYS, BPF_F_
 BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("array", int, struct class_memo, memos, MAX_CPUS << MEMO_BITS, BPF_F_MMAPABLE); /* classify_memo's own */
 BPF_F_TABLE("array", int, struct class_config, config, MAX_CLASSES, BPF_F_MMAPABLE); /* agent writes; police reads */
-BPF_F_TABLE("array", int, __u64, heartbeat, 1, BPF_F_MMAPABLE); /* agent writes every tick; stale reads */
+BPF_ARRAY(heartbeat, __u64, 1);                          /* agent writes every tick; stale reads (8 bytes: one line anyway) */
 BPF_F_TABLE("array", int, struct bucket, buckets, MAX_CLASSES, BPF_F_MMAPABLE); /* police writes; agent reads quota */
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
 BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
