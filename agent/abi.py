@@ -64,18 +64,23 @@ UNLIMITED = 2**64 - 1
 NS_FRAC_BITS = 16
 MAX_NS_PER_BYTE = 1 << 43
 MAX_DEPTH_NS = 1 << 40
-# The flow table is visited by about one packet per FLOW_VISIT_NS per CPU and
-# class, at random, and that packet counts for the gap it ends (limiter.c
-# sample_flow): a class under 4,000 packets/s per CPU is counted exactly, a
-# faster one pays the LRU update on 1 packet in up to FLOW_MAX_GAP.
-# FLOW_VISIT_NS 0 = every packet visits.
+# The flow table (limiter.c tally_flow, settle): each CPU tallies a flow's
+# passed bytes in its memo slot, and the tally visits the table once per epoch
+# of 2^FLOW_EPOCH_SHIFT ns (16.8 ms) in which the flow sends, or when another flow
+# takes the slot.  A tally of fewer packets than the CPU's packets of the class
+# per FLOW_VISIT_NS (at most FLOW_MAX_GAP) visits with a chance instead, and
+# counts for that many: under ~4,000 packets/s per CPU and class every tally
+# visits, and a CPU visits at most ~8,000 times a second per class however
+# many flows share it.
+FLOW_EPOCH_SHIFT = 24
 FLOW_VISIT_NS = 250_000
 FLOW_MAX_GAP = 256
-# Each CPU remembers the class of up to 2^MEMO_BITS flows (limiter.c classify_memo),
-# one slot per flow hash: 64 KiB per CPU at 10 bits.  0 = no memo: on CPUs that may
-# reorder loads (limiter.c reads the rules' generation before the rules with no
-# load-acquire), and in bench variants.
-MEMO_BITS = 10 if platform.machine() == "x86_64" else 0
+# Each CPU keeps up to 2^MEMO_BITS flows (limiter.c memo_of), one slot per flow
+# hash: 64 KiB per CPU at 10 bits.  MEMO_CLASS 1: a slot remembers its flow's
+# class too (limiter.c classify_memo), which needs loads in order (limiter.c
+# reads the rules' generation before the rules with no load-acquire): x86.
+MEMO_BITS = 10
+MEMO_CLASS = int(platform.machine() == "x86_64")
 # The program's clock: 1 = bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC_COARSE, one
 # jiffy of resolution, ~30 ns cheaper per packet here), 0 = bpf_ktime_get_ns.
 CLOCK_COARSE = 1
@@ -112,7 +117,7 @@ DROP_ACTIONS = {"shot": 2, "stolen": 4}   # TC_ACT_SHOT, TC_ACT_STOLEN
 def possible_cpus() -> int:
     """1 + the highest CPU number the kernel may ever run (/sys/devices/system/cpu/possible,
     e.g. "0-7"): the memo has 2^MEMO_BITS slots for each CPU, in one array, so that each
-    slot is one cache line (limiter.h class_memo)."""
+    slot is one cache line (limiter.h flow_memo)."""
     ranges = Path("/sys/devices/system/cpu/possible").read_text().strip().split(",")
     return max(int(r.split("-")[-1]) for r in ranges) + 1
 
@@ -134,8 +139,9 @@ def cflags(**sizes: int) -> list[str]:
               "PROB_ONE": f"{PROB_ONE}ULL", "UNLIMITED": f"{UNLIMITED}ULL",
               "MODE_PASS": MODE_PASS, "MODE_BUCKET": MODE_BUCKET, "MODE_DROP": MODE_DROP,
               "NS_FRAC_BITS": NS_FRAC_BITS, "MAX_DEPTH_NS": f"{MAX_DEPTH_NS}ULL",
-              "FLOW_VISIT_NS": FLOW_VISIT_NS, "FLOW_MAX_GAP": FLOW_MAX_GAP, "CLOCK_COARSE": CLOCK_COARSE,
-              "MEMO_BITS": MEMO_BITS, "MAX_CPUS": possible_cpus(), "BENCH_SKIP": BENCH_SKIP}
+              "FLOW_VISIT_NS": FLOW_VISIT_NS, "FLOW_MAX_GAP": FLOW_MAX_GAP,
+              "FLOW_EPOCH_SHIFT": FLOW_EPOCH_SHIFT, "CLOCK_COARSE": CLOCK_COARSE,
+              "MEMO_BITS": MEMO_BITS, "MEMO_CLASS": MEMO_CLASS, "MAX_CPUS": possible_cpus(), "BENCH_SKIP": BENCH_SKIP}
     values.update(sizes)
     values.setdefault("MAX_KEYS", KEYS_PER_CLASS * values["MAX_CLASSES"])
     return [f"-D{name}={value}" for name, value in values.items()]

@@ -686,7 +686,7 @@ class Datapath:
         return _sum_cpus(self._bpf[b"bypass_counters"][ct.c_int(0)])
 
     def read_flows(self, full: bool = False) -> dict[int, list[FlowSample]]:
-        """Every tracked flow, by class id: the entries packets visited since the last call
+        """Every tracked flow, by class id: the entries visited since the last call
         (one batch syscall), the whole table every few seconds or when ``full``.  A flow
         whose entry did not change since the last call is the same FlowSample, in the same
         place (_FlowReader)."""
@@ -949,15 +949,16 @@ def _lookup_batch(table, keys, values, limit: int, delete: bool = False) -> int:
 
 class _FlowReader:
     """read_flows: the flow table as the agent's own copy, per class, brought up to date
-    each call from the entries packets visited since the last one (the program copies
+    each call from the entries visited since the last one (the program copies
     each visit to flows_visited, which one lookup-and-delete batch drains), and read
     whole every FULL_READ_S (the first call too): the full read drops what the kernel
     evicted (LRU) and catches a visit the full flows_visited map could not take.
 
-    With 20,000 flows a packet visits only ~700 entries between two 100 ms ticks (the
-    program visits the table ~4,000 times a second per CPU and class, agent/abi.py):
-    reading all of them cost ~5 ms of syscalls a tick.  A flow keeps its place in its
-    class's list, new flows come last, and an entry no packet visited is the same
+    With 20,000 flows only ~700 entries are visited between two 100 ms ticks (a flow's
+    tally visits the table at most once per 16.8 ms epoch, and a CPU's small tallies
+    ~8,000 times a second per class at most: agent/abi.py): reading all of them cost
+    ~5 ms of syscalls a tick.  A flow keeps its place in its
+    class's list, new flows come last, and an entry nothing visited is the same
     FlowSample as before: the estimator's cheap path (agent/estimator.py).
     """
     FULL_READ_S = 10.0

@@ -29,11 +29,12 @@ FPS, 1 class: every IP packet, 1 Gbit/s so nothing drops, ``--max-flows``
 
 Two senders in h1, pinned to CPU 0 and 1, each send to half of N UDP ports
 of h2 round-robin, together FLOW_PPS datagrams a second: under the
-program's exact-sampling threshold (4,000 packets/s per CPU and class,
-agent/abi.py FLOW_VISIT_NS), so every packet visits the flow table and
-every flow is in it.  The bench reads the agent's flow table itself (its map
-fd through pidfd_getfd) to report how many entries it holds and how many a
-packet visited within the last second, and waits until it holds N.
+program's exact-counting threshold (4,000 packets/s per CPU and class,
+agent/abi.py FLOW_VISIT_NS), so every flow's tally visits the flow table
+(limiter.c tally_flow) and every flow is in it.  The bench reads the agent's
+flow table itself (its map fd through pidfd_getfd) to report how many entries
+it holds and how many were visited within the last second, and waits until
+it holds N.
 ``--ab PATH`` alternates, round by round, the agent imported from PATH
 (PYTHONPATH=PATH: ``PATH/drl`` a checkout of another commit) with this
 checkout's.  CPU is user + system of the agent over ``--seconds``, RSS at
@@ -210,7 +211,7 @@ class _FlowTable:
         self._values = ct.create_string_buffer(self.VALUE * MAX_FLOWS)
 
     def read(self) -> tuple[int, int]:
-        """(entries, entries a packet visited within the last second)."""
+        """(entries, entries visited within the last second)."""
         total, token = 0, ct.c_uint32(0)
         while total < MAX_FLOWS:
             count = ct.c_uint32(MAX_FLOWS - total)

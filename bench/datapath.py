@@ -332,9 +332,13 @@ def main() -> None:
                     f"({', '.join(v for v in per_packet.VARIANTS if v != 'limiter')})")
     ap.add_argument("--before", default=per_packet.BEFORE_REV, help="git revision of the 'before' limiter ('' = none)")
     args = ap.parse_args()
+    variants = tuple(v for v in args.variants.split(",") if v)
+    unknown = [v for v in variants if v not in per_packet.VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant {', '.join(unknown)} (variants of an older revision are run from "
+                 f"its own checkout)")
     globals()["CC"] = args.cc
-    PACKET_OPTIONS.update(rounds=args.rounds, before=args.before,
-                          variants=tuple(v for v in args.variants.split(",") if v))
+    PACKET_OPTIONS.update(rounds=args.rounds, before=args.before, variants=variants)
     started = time.monotonic()
     with Lab(pair(new_run("dp"))) as net:
         with iperf3_server(net.hosts[1]) as srv:

@@ -16,9 +16,10 @@ packet       live, on the lab's veth pair: for each traffic mix (64-byte UDP
              flows, within 60 ns of trivial on every mix, UDP rate >= 0.96.
 attribution  BPF_PROG_TEST_RUN (bench/classify.py) on a 64-byte UDP and a
              1514-byte TCP frame, 1,000,000 runs x rounds, alternating: the
-             limiter built without parts (agent/abi.py BENCH_SKIP), with the
-             flow table on every packet (FLOW_VISIT_NS=0), with the fine
-             clock (CLOCK_COARSE=0), the version before issue 20, trivial.
+             limiter built without parts (agent/abi.py BENCH_SKIP), with a
+             flow table visit on every packet (FLOW_EPOCH_SHIFT=0 with the fine
+             clock), with the fine clock (CLOCK_COARSE=0), classifying every
+             packet (MEMO_CLASS=0, as off x86), the version before issue 20, trivial.
 
 Variants are the same bpf/limiter.c compiled with other -D values from
 agent/abi.py (``compiled``), never copies of it; "before" is bpf/ at a git
@@ -53,10 +54,11 @@ UNLIMITED_Bps = 400e9 / 8
 MIXES = {"udp64": dict(udp_bps=0, length=22, streams=1),    # 22 B payload: 64-byte frames
          "tcp1": dict(streams=1), "tcp16": dict(streams=16)}
 # name -> abi.cflags overrides: the limiter as built for the agent, and without parts
-VARIANTS = {"limiter": {}, "no-flow-table": {"BENCH_SKIP": 1}, "flows-every-packet": {"FLOW_VISIT_NS": 0},
+VARIANTS = {"limiter": {}, "no-flow-table": {"BENCH_SKIP": 1},
+            "flows-every-packet": {"FLOW_EPOCH_SHIFT": 0, "CLOCK_COARSE": 0},   # a new epoch every ns
             "fine-clock": {"CLOCK_COARSE": 0}, "no-police": {"BENCH_SKIP": 2},
             "parse-classify-count": {"BENCH_SKIP": 3}, "parse-classify-count-no-clock": {"BENCH_SKIP": 7},
-            "no-memo": {"MEMO_BITS": 0}, "no-classify": {"BENCH_SKIP": 8}, "visits-1ms": {"FLOW_VISIT_NS": 1_000_000}}
+            "no-class-memo": {"MEMO_CLASS": 0}, "no-classify": {"BENCH_SKIP": 8}}
 
 
 def say(msg: str) -> None:

@@ -1,6 +1,6 @@
 /* drl's datapath: a tc egress classifier (clsact, direct-action) for IPv4/IPv6.
  *
- * Every packet goes classify -> clients -> police -> count -> sample, from map
+ * Every packet goes classify -> clients -> police -> count -> tally, from map
  * state alone: the kernel never waits for Python (design.md).  agent/datapath.py
  * compiles this file with bcc, attaches it at egress, writes `settings`,
  * the classification maps (agent/classify.py lays them out), `config`,
@@ -24,7 +24,7 @@
  * such a map's values start a page, so limiter.h can keep what a packet reads
  * of a value in one cache line (an array's values start at any multiple of 8
  * otherwise, per-CPU ones too). */
-BPF_F_TABLE("array", int, struct settings, settings, 1, BPF_F_MMAPABLE); /* agent writes; classify, sample read */
+BPF_F_TABLE("array", int, struct settings, settings, 1, BPF_F_MMAPABLE); /* agent writes; classify, visit read */
 /* Classification (agent/classify.py lays them out; the agent writes, classify
  * reads).  Every prefix of a direction sits in one hash, keyed by its length
  * and masked address, and settings lists the lengths in use: a packet costs
@@ -34,14 +34,14 @@ BPF_F_TABLE("array", int, struct settings, settings, 1, BPF_F_MMAPABLE); /* agen
 BPF_F_TABLE("hash", struct net_key, struct rule_list, dst_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct net_key, struct rule_list, src_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);
-BPF_F_TABLE("array", int, struct class_memo, memos, MAX_CPUS << MEMO_BITS, BPF_F_MMAPABLE); /* classify_memo's own */
+BPF_F_TABLE("array", int, struct flow_memo, memos, MAX_CPUS << MEMO_BITS, BPF_F_MMAPABLE); /* memo_of's own */
 BPF_F_TABLE("array", int, struct class_config, config, MAX_CLASSES, BPF_F_MMAPABLE); /* agent writes; police reads */
 BPF_ARRAY(heartbeat, __u64, 1);                          /* agent writes every tick; stale reads (8 bytes: one line anyway) */
 BPF_F_TABLE("array", int, struct bucket, buckets, MAX_CLASSES, BPF_F_MMAPABLE); /* police writes; agent reads quota */
 BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
 BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent sums CPUs */
-BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* sample writes; agent reads */
-/* sample writes (an update, ~150 ns: preallocated, ~210 without); the agent drains */
+BPF_TABLE("lru_hash", struct flow_key, struct flow_stats, flows, MAX_FLOWS); /* visit writes; agent reads */
+/* visit writes (an update, ~150 ns: preallocated, ~210 without); the agent drains */
 BPF_TABLE("hash", struct flow_key, struct flow_stats, flows_visited, MAX_FLOWS);
 BPF_PERCPU_ARRAY(clock_cache, struct clock_cache, 1);     /* clock_ns's own */
 /* Per client (docs/clients.md; limiter.c clients): each client's sliding
@@ -240,6 +240,128 @@ static __always_inline __s64 classify(const struct settings *s, const struct flo
 	return first_match(longest_prefix(s->src_lengths, k->src, k->family, 1), k);
 }
 
+/* One clock read per policed packet, shared by police and the flow tally.  Coarse
+ * (CLOCK_COARSE, agent/abi.py): CLOCK_MONOTONIC_COARSE, the time at the last
+ * jiffy (4 ms at HZ=250), which changes once a jiffy, so each CPU reads it
+ * once a jiffy and keeps it with the jiffy it belongs to: a packet pays
+ * bpf_jiffies64 (one load) and a compare, not the ~15 ns of the timekeeper's
+ * read, nor the ~35 ns of bpf_ktime_get_ns (bench/README.md, "per packet").
+ * A packet that sees a new jiffy before the tick updated the timekeeper keeps
+ * the old time for that jiffy: now lags by up to two jiffies.  The bucket
+ * loses nothing but the lag (take_tokens); the fail-safe compares against the
+ * agent's CLOCK_MONOTONIC stamp, late by 8 ms at most, and the flow table's
+ * times are read at a 1 s scale (agent/estimator.py). */
+static __always_inline __u64 clock_ns(void)
+{
+	struct clock_cache *c;
+	__u32 zero = 0;
+	__u64 j;
+
+	if (!CLOCK_COARSE)
+		return bpf_ktime_get_ns();
+	c = clock_cache.lookup(&zero);
+	if (!c)
+		return bpf_ktime_get_coarse_ns();
+	j = bpf_jiffies64();
+	if (c->jiffies != j) {
+		c->jiffies = j;
+		c->ns = bpf_ktime_get_coarse_ns();
+	}
+	return c->ns;
+}
+
+/* The flow table (FPS's sample set, [Raghavan07] Fig. 2 FPS-HANDLE-PACKET
+ * line 1).  A packet does not visit it: each CPU tallies a flow's passed
+ * bytes in the flow's memo slot, a line the packet reads anyway, and the
+ * tally visits the table once per epoch of 2^FLOW_EPOCH_SHIFT ns (16.8 ms) the
+ * flow sends in, or when another flow takes the slot (tally_flow, memo_of).
+ * A visit (an LRU lookup, atomic adds on a line other CPUs write, an update
+ * of flows_visited) cost 500-900 ns live with its lines cold, and every CPU
+ * paid ~4,000 a second when packets visited at random: at 16 TCP flows that
+ * was most of the program's cost over a trivial one (bench/README.md, "Per
+ * packet").  Now a flow sending on one CPU visits ~60 times a second, with
+ * exact counts. */
+
+/* This CPU's packets of the class per FLOW_VISIT_NS (at least 1, at most
+ * FLOW_MAX_GAP), measured over windows of 16 ms or more: the smallest tally
+ * that visits whole (settle).  One division per window. */
+static __always_inline __u32 visit_every(struct counters *ctr, __u64 now)
+{
+	__u64 packets = ctr->passed_packets + ctr->dropped_packets, every;
+
+	if (now - ctr->flow_mark_ns < 16000000 && ctr->flow_every)
+		return ctr->flow_every;
+	every = (packets - ctr->flow_mark_packets) * FLOW_VISIT_NS / (now - ctr->flow_mark_ns | 1);
+	ctr->flow_mark_ns = now;
+	ctr->flow_mark_packets = packets;
+	ctr->flow_every = every < 1 ? 1 : every > FLOW_MAX_GAP ? FLOW_MAX_GAP : every;
+	return ctr->flow_every;
+}
+
+/* The flow's entry as this visit left it, for the agent: it drains this map
+ * every tick (one lookup-and-delete batch) and so reads the few hundred
+ * entries visited, not the whole table (20,000 entries cost ~5 ms of
+ * syscalls a tick: bench/README.md, "Agent cost with many flows").  An
+ * update, not a copy into the entry found: it replaces the element under the
+ * bucket's lock, which the drain takes too, so a visit lands either in what
+ * this tick's drain reads or in what stays for the next one (a copy into an
+ * element the drain had just taken would be lost).  Two CPUs visiting one
+ * flow at once may leave the older snapshot last: a later visit or the full
+ * read brings the rest (counts are cumulative; agent/estimator.py takes a
+ * sample below the last one as 0).  A full map (more flows visited in one
+ * tick than the table holds) drops the copy; the agent's full read of the
+ * table every few seconds catches up. */
+static __always_inline void note_visit(struct flow_key *k, struct flow_stats *f)
+{
+	flows_visited.update(k, f);
+}
+
+/* A tracked flow counts the bytes; an untracked one joins the sample set
+ * with sample_prob per packet of the tally (at most 1).  last_ns is the time
+ * of the flow's last visit. */
+static __always_inline void visit(const struct settings *s, struct flow_key *k, __s32 class_id, __u64 bytes,
+				  __u64 packets, __u64 now)
+{
+	struct flow_stats *f = flows.lookup(k);
+
+	if (f) {
+		__sync_fetch_and_add(&f->bytes, bytes);
+		__sync_fetch_and_add(&f->packets, packets);
+		f->last_ns = now;
+		note_visit(k, f);
+		return;
+	}
+	if ((__u64)bpf_get_prandom_u32() >= s->sample_prob * packets)
+		return;
+	struct flow_stats fresh = { .bytes = bytes, .packets = packets, .first_ns = now, .last_ns = now,
+				    .class_id = class_id };
+	if (flows.insert(k, &fresh) == 0)  /* NOEXIST: a racing CPU's entry wins */
+		note_visit(k, &fresh);
+}
+
+/* A tally of at least m = visit_every packets visits whole.  A smaller one
+ * (a flow of a few packets an epoch among many on a busy CPU) visits with
+ * probability packets / m and then counts m packets (Horvitz-Thompson: its
+ * flow's counts stay unbiased), so that the CPU's visits stay under about
+ * twice its packets per FLOW_VISIT_NS however many flows share it: a class
+ * under 4,000 packets a second per CPU (m = 1) is counted exactly. */
+static __always_inline void settle(const struct settings *s, struct counters *ctr, struct flow_key *k,
+				   __s32 class_id, __u64 bytes, __u32 packets, __u64 now)
+{
+	__u32 every;
+
+	if (!packets || !ctr)
+		return;
+	every = visit_every(ctr, now);
+	if (packets < every) {
+		if (bpf_get_prandom_u32() % every >= packets)
+			return;
+		bytes = bytes * every / packets;
+		packets = every;
+	}
+	visit(s, k, class_id, bytes, packets, now);
+}
+
 /* A flow's slot in memos: its words folded, then Fibonacci hashing (the top
  * bits of the product depend on every bit folded in).  The destination is
  * multiplied in, not XORed, so A -> B and B -> A take different slots. */
@@ -252,46 +374,67 @@ static __always_inline __u32 memo_slot(const struct flow_key *k, __u32 mark)
 		dst ^= k->dst[w];
 	}
 	src = (src * 0x9E3779B1u ^ dst) * 0x9E3779B1u ^ ((__u32)k->sport << 16 | k->dport) ^ mark;
-	return (__u64)((src * 0x9E3779B1u ^ k->proto) * 0x9E3779B1u) >> (32 - MEMO_BITS);  /* __u64: no memo, no UB */
+	return (__u64)((src * 0x9E3779B1u ^ k->proto) * 0x9E3779B1u) >> (32 - MEMO_BITS);  /* __u64: 0 bits, no UB */
 }
 
-/* m holds this flow's class as of rules generation gen.  Branch-free, like
- * rule_matches.  struct flow_key is 10 words, padding zeroed (drl_egress). */
-static __always_inline int memo_holds(const struct class_memo *m, const struct flow_key *k, __u32 mark, __u32 gen)
+/* m is this flow's.  Branch-free, like rule_matches.  struct flow_key is 10
+ * words, padding zeroed (drl_egress). */
+static __always_inline int same_flow(const struct flow_memo *m, const struct flow_key *k, __u32 mark)
 {
 	const __u32 *a = (const __u32 *)&m->key, *b = (const __u32 *)k;
-	__u32 miss = (m->gen ^ gen) | (m->mark ^ mark);
+	__u32 miss = m->mark ^ mark;
 
 	for (int w = 0; w < sizeof(*k) / 4; w++)
 		miss |= a[w] ^ b[w];
 	return miss == 0;
 }
 
-/* classify, remembered per CPU and flow: the rules' hash probes and compares
- * were ~60 ns of the program's ~75 over a trivial program under
+/* This CPU's memo slot for the flow, or NULL (no such CPU).  A slot another
+ * flow held is taken over: that flow's tally settles first (its class's
+ * counters give m), and the class is unknown until classify_memo finds it.
+ * A flow that stopped keeps its last tally (16.8 ms at most) here until then. */
+static __always_inline struct flow_memo *memo_of(const struct settings *s, const struct flow_key *k, __u32 mark)
+{
+	__u32 slot = bpf_get_smp_processor_id() << MEMO_BITS | memo_slot(k, mark);
+	struct flow_memo *m = memos.lookup(&slot);
+	__u32 held;
+
+	if (!m || same_flow(m, k, mark))
+		return m;
+	held = m->class_id;
+	if (m->packets)
+		settle(s, counters.lookup(&held), &m->key, m->class_id, m->bytes, m->packets, clock_ns());
+	m->key = *k;
+	m->mark = mark;
+	m->gen = 0;
+	m->packets = 0;
+	m->bytes = 0;
+	return m;
+}
+
+/* classify, remembered in the flow's memo slot: the rules' hash probes and
+ * compares were ~60 ns of the program's ~75 over a trivial program under
  * BPF_PROG_TEST_RUN (bench/README.md "Per packet"), and a flow's packets all
- * get the same answer.  A memo holds while settings.rules_gen is the
+ * get the same answer.  The answer holds while settings.rules_gen is the
  * generation it was found in; the agent moves rules_gen on at the end of
  * every change of the rules (Datapath.set_rules), so from then on no packet
  * keeps a class the rules no longer give it.  gen is read before the rules
- * (the barrier, and x86's loads in order: agent/abi.py builds without memos
- * elsewhere), so an answer found from entries a change was replacing is
- * filed under the generation before the change's end.  Plain writes: tc runs
- * with bottom halves off, so no other run of the program interleaves with
- * this one on its CPU. */
-static __always_inline __s64 classify_memo(const struct settings *s, const struct flow_key *k, __u32 mark)
+ * (the barrier, and x86's loads in order: agent/abi.py MEMO_CLASS is 0
+ * elsewhere, and every packet is classified), so an answer found from
+ * entries a change was replacing is filed under the generation before the
+ * change's end.  Plain writes: tc runs with bottom halves off, so no other
+ * run of the program interleaves with this one on its CPU. */
+static __always_inline __s64 classify_memo(const struct settings *s, struct flow_memo *m, const struct flow_key *k,
+					   __u32 mark)
 {
-	__u32 slot = bpf_get_smp_processor_id() << MEMO_BITS | memo_slot(k, mark), gen = s->rules_gen;
-	struct class_memo *m = memos.lookup(&slot);
+	__u32 gen = s->rules_gen;
 	__s64 class_id;
 
 	asm volatile("" ::: "memory");
-	if (m && gen && memo_holds(m, k, mark, gen))
+	if (MEMO_CLASS && m && gen && m->gen == gen)
 		return m->class_id;
 	class_id = classify(s, k, mark);
-	if (m && gen) {
-		m->key = *k;
-		m->mark = mark;
+	if (m) {
 		m->class_id = class_id;
 		m->gen = gen;
 	}
@@ -814,123 +957,26 @@ static __always_inline int bypass(__u64 len)
 	return TC_ACT_OK;
 }
 
-/* How many packets the next gap between visits to the flow table should
- * average: this CPU's packets of the class per FLOW_VISIT_NS, measured over
- * windows of 16 ms or more, between 1 (below 4,000 packets/s: every packet,
- * exact) and FLOW_MAX_GAP.  One division per window. */
-static __always_inline __u32 visit_every(struct counters *ctr, __u64 now)
+/* The packet's share of its flow's tally (the flow table above): a passed
+ * packet adds its bytes in the slot; the first packet of a new epoch settles
+ * the tally the last one left. */
+static __always_inline void tally_flow(const struct settings *s, struct counters *ctr, struct flow_memo *m,
+				       __s32 class_id, __u64 len, int passed, __u64 now)
 {
-	__u64 packets = ctr->passed_packets + ctr->dropped_packets, every;
+	__u16 epoch = now >> FLOW_EPOCH_SHIFT;
 
-	if (now - ctr->flow_mark_ns < 16000000 && ctr->flow_every)
-		return ctr->flow_every;
-	every = (packets - ctr->flow_mark_packets) * FLOW_VISIT_NS / (now - ctr->flow_mark_ns | 1);
-	ctr->flow_mark_ns = now;
-	ctr->flow_mark_packets = packets;
-	return every < 1 ? 1 : every > FLOW_MAX_GAP ? FLOW_MAX_GAP : every;
-}
-
-/* The flow's entry as this visit left it, for the agent: it drains this map
- * every tick (one lookup-and-delete batch) and so reads the few hundred
- * entries packets visited, not the whole table (20,000 entries cost ~5 ms of
- * syscalls a tick: bench/README.md, "Agent cost with many flows").  An
- * update, not a copy into the entry found: it replaces the element under the
- * bucket's lock, which the drain takes too, so a visit lands either in what
- * this tick's drain reads or in what stays for the next one (a copy into an
- * element the drain had just taken would be lost).  Two CPUs visiting one
- * flow at once may leave the older snapshot last: a later visit or the full
- * read brings the rest (counts are cumulative; agent/estimator.py takes a
- * sample below the last one as 0).  A full map (more flows visited in one
- * tick than the table holds) drops the copy; the agent's full read of the
- * table every few seconds catches up. */
-static __always_inline void note_visit(struct flow_key *k, struct flow_stats *f)
-{
-	flows_visited.update(k, f);
-}
-
-/* FPS-HANDLE-PACKET line 1 ([Raghavan07] Fig. 2): a new flow joins the
- * sample set with probability sample_prob; a tracked flow counts the bytes
- * that passed.  An LRU lookup and two atomic adds cost ~40 ns (bench/README.md,
- * "per packet"), so not every packet visits the table: the gaps between
- * visits, counted per CPU and class in counters, are random, uniform over
- * 1 .. 2m - 1 packets, and the packet that ends a gap of mean m counts m
- * times (Horvitz-Thompson: each flow's bytes are an unbiased estimate).  m
- * follows the class's packet rate (visit_every) so that a CPU visits about
- * once per FLOW_VISIT_NS: a slow class is counted exactly, and a fast one,
- * whose flows have many packets, gets ~4,000 visits a second per CPU, a
- * few % error per flow and second at 8 flows (the estimator smooths flow
- * shares over seconds: agent/estimator.py; tests/kernel/test_flow_sampling.py).
- * A fixed 1 in 16 was not enough: a flow paced at 8 Mbit/s in 37 KB GSO skbs
- * got under 2 visits a second.  Random, not every m-th: 16 flows taking turns
- * on a CPU would show a counter the same flow every time.  A visiting packet
- * of an untracked flow joins with sample_prob x m (at most 1), so a packet
- * still joins with sample_prob (at most 1/m).  last_ns is the time of the
- * flow's last visiting packet. */
-static __always_inline void sample_flow(const struct settings *s, struct counters *ctr, struct flow_key *k,
-					__u32 class_id, __u64 len, int passed, __u64 now)
-{
-	struct flow_stats *f;
-	__u64 gap;
-	__u32 every;
-
-	if (!ctr)
+	if (!m)
 		return;
-	if (ctr->flow_skip) {
-		ctr->flow_skip--;
-		return;
+	if (m->epoch != epoch) {
+		settle(s, ctr, &m->key, class_id, m->bytes, m->packets, now);
+		m->epoch = epoch;
+		m->bytes = 0;
+		m->packets = 0;
 	}
-	gap = ctr->flow_every ? ctr->flow_every : 1;       /* the mean of the gap this packet ends */
-	every = visit_every(ctr, now);
-	ctr->flow_every = every;
-	ctr->flow_skip = every > 1 ? bpf_get_prandom_u32() % (2 * every - 1) : 0;
-	f = flows.lookup(k);
-	if (f) {
-		if (passed) {
-			__sync_fetch_and_add(&f->bytes, len * gap);
-			__sync_fetch_and_add(&f->packets, gap);
-		}
-		f->last_ns = now;
-		note_visit(k, f);
-		return;
+	if (passed) {
+		m->bytes += len;
+		m->packets++;
 	}
-	if ((__u64)bpf_get_prandom_u32() >= s->sample_prob * gap)
-		return;
-	struct flow_stats fresh = {
-		.bytes = passed ? len * gap : 0, .packets = passed ? gap : 0,
-		.first_ns = now, .last_ns = now, .class_id = class_id,
-	};
-	if (flows.insert(k, &fresh) == 0)  /* NOEXIST: a racing CPU's entry wins */
-		note_visit(k, &fresh);
-}
-
-/* One clock read per policed packet, shared by police and sample.  Coarse
- * (CLOCK_COARSE, agent/abi.py): CLOCK_MONOTONIC_COARSE, the time at the last
- * jiffy (4 ms at HZ=250), which changes once a jiffy, so each CPU reads it
- * once a jiffy and keeps it with the jiffy it belongs to: a packet pays
- * bpf_jiffies64 (one load) and a compare, not the ~15 ns of the timekeeper's
- * read, nor the ~35 ns of bpf_ktime_get_ns (bench/README.md, "per packet").
- * A packet that sees a new jiffy before the tick updated the timekeeper keeps
- * the old time for that jiffy: now lags by up to two jiffies.  The bucket
- * loses nothing but the lag (take_tokens); the fail-safe compares against the
- * agent's CLOCK_MONOTONIC stamp, late by 8 ms at most, and the flow table's
- * times are read at a 1 s scale (agent/estimator.py). */
-static __always_inline __u64 clock_ns(void)
-{
-	struct clock_cache *c;
-	__u32 zero = 0;
-	__u64 j;
-
-	if (!CLOCK_COARSE)
-		return bpf_ktime_get_ns();
-	c = clock_cache.lookup(&zero);
-	if (!c)
-		return bpf_ktime_get_coarse_ns();
-	j = bpf_jiffies64();
-	if (c->jiffies != j) {
-		c->jiffies = j;
-		c->ns = bpf_ktime_get_coarse_ns();
-	}
-	return c->ns;
 }
 
 /* bench/datapath.py builds the program without parts of the pipeline
@@ -941,7 +987,7 @@ static __always_inline __u64 clock_ns(void)
 #define SKIP_CLASSIFY 8 /* every packet in class 0 */
 
 /* Attached at tc egress (clsact, direct-action) by agent/datapath.py:
- * parse -> classify -> clients -> police -> count -> sample. */
+ * parse -> classify -> clients -> police -> count -> tally. */
 int drl_egress(struct __sk_buff *skb)
 {
 	struct flow_key key = {};
@@ -950,6 +996,7 @@ int drl_egress(struct __sk_buff *skb)
 	struct settings *s = settings.lookup(&zero);
 	struct class_config *c;
 	struct counters *ctr;
+	struct flow_memo *m;
 	__s64 found;
 	__u64 verdict, refused;
 
@@ -957,8 +1004,8 @@ int drl_egress(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (parse(skb, &key) < 0 || exempt(s, &key, skb->mark))
 		return bypass(len);
-	found = (BENCH_SKIP & SKIP_CLASSIFY) ? 0 : MEMO_BITS ? classify_memo(s, &key, skb->mark)
-									: classify(s, &key, skb->mark);
+	m = memo_of(s, &key, skb->mark);
+	found = (BENCH_SKIP & SKIP_CLASSIFY) ? 0 : classify_memo(s, m, &key, skb->mark);
 	if (found == NO_CLASS)
 		return bypass(len);
 	class_id = found;
@@ -974,7 +1021,7 @@ int drl_egress(struct __sk_buff *skb)
 		verdict = shape(skb, class_id, now) ? VERDICT_PASS : police(class_id, len, now);
 	count(ctr, len, verdict == VERDICT_PASS);
 	if (!(BENCH_SKIP & SKIP_FLOWS))
-		sample_flow(s, ctr, &key, class_id, len, verdict == VERDICT_PASS, now);
+		tally_flow(s, ctr, m, class_id, len, verdict == VERDICT_PASS, now);
 	return verdict == VERDICT_DROP ? DROP_ACTION : TC_ACT_OK;
 }
 

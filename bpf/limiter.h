@@ -66,13 +66,14 @@
 #error "MODE_* come from agent/abi.py"
 #endif
 /* The bucket's fixed point (limiter.c take_tokens, agent/bucket.py), how
- * often a packet visits the flow table (sample_flow), the clock, and the
- * bench-only parts left out (bench/datapath.py; 0 in the agent). */
-#if !defined(NS_FRAC_BITS) || !defined(MAX_DEPTH_NS) || !defined(FLOW_VISIT_NS) || !defined(FLOW_MAX_GAP)
-#error "NS_FRAC_BITS, MAX_DEPTH_NS, FLOW_VISIT_NS, FLOW_MAX_GAP come from agent/abi.py"
+ * often flows visit the flow table (tally_flow, settle), the clock, the
+ * memo, and the bench-only parts left out (bench/datapath.py; 0 in the agent). */
+#if !defined(NS_FRAC_BITS) || !defined(MAX_DEPTH_NS) || !defined(FLOW_VISIT_NS) || !defined(FLOW_MAX_GAP) || \
+	!defined(FLOW_EPOCH_SHIFT)
+#error "NS_FRAC_BITS, MAX_DEPTH_NS, FLOW_VISIT_NS, FLOW_MAX_GAP, FLOW_EPOCH_SHIFT come from agent/abi.py"
 #endif
-#if !defined(CLOCK_COARSE) || !defined(MEMO_BITS) || !defined(MAX_CPUS) || !defined(BENCH_SKIP)
-#error "CLOCK_COARSE, MEMO_BITS, MAX_CPUS, BENCH_SKIP come from agent/abi.py"
+#if !defined(CLOCK_COARSE) || !defined(MEMO_BITS) || !defined(MEMO_CLASS) || !defined(MAX_CPUS) || !defined(BENCH_SKIP)
+#error "CLOCK_COARSE, MEMO_BITS, MEMO_CLASS, MAX_CPUS, BENCH_SKIP come from agent/abi.py"
 #endif
 
 /* One rule of a classification entry (agent/classify.py places them).
@@ -218,10 +219,10 @@ struct counters {
 	__u64 passed_packets;
 	__u64 dropped_bytes;
 	__u64 dropped_packets;
-	/* The program's own (limiter.c sample_flow): when this CPU's packets of
-	 * the class next visit the flow table. */
-	__u32 flow_skip;           /* packets before the next visit */
-	__u32 flow_every;          /* mean gap the current flow_skip was drawn with; 0 = 1 */
+	/* The program's own (limiter.c visit_every): this CPU's packets of the class
+	 * per FLOW_VISIT_NS, which a tally must reach to visit the flow table whole. */
+	__u32 flow_every;          /* 0 = not measured yet */
+	__u32 pad0;
 	__u64 flow_mark_ns;        /* start of the window the packet rate is measured over */
 	__u64 flow_mark_packets;   /* passed + dropped packets at flow_mark_ns */
 	/* Refused by the class's client rule (limiter.c refuse_client), neither passed nor
@@ -250,20 +251,27 @@ struct flow_key {
 	__u16 pad0;
 };
 
-/* memos[cpu << MEMO_BITS | slot]: a flow's class as classify found it on
- * that CPU, while settings.rules_gen is still gen (limiter.c classify_memo);
- * the program's own.  One cache line: the map is BPF_F_MMAPABLE, so its values
+/* memos[cpu << MEMO_BITS | slot]: what a CPU keeps of the last flow whose
+ * packets took the slot (limiter.c memo_of): its class as classify found it
+ * while settings.rules_gen was gen (limiter.c classify_memo), and the tally of
+ * its passed bytes not yet in the flow table (limiter.c tally_flow).  The
+ * program's own.  One cache line: the map is BPF_F_MMAPABLE, so its values
  * start a page (a per-CPU array's may start anywhere, and a slot took two). */
-struct class_memo {
+struct flow_memo {
 	struct flow_key key;
 	__u32 mark;                /* skb->mark: mark rules classify by it */
-	__u32 gen;                 /* settings.rules_gen it was found in; 0 = empty */
-	__s64 class_id;            /* or NO_CLASS */
-	__u64 pad0;
+	__u32 gen;                 /* settings.rules_gen class_id was found in; 0 = none */
+	__s16 class_id;            /* or NO_CLASS (-1) */
+	__u16 epoch;               /* now >> FLOW_EPOCH_SHIFT (its low 16 bits) when the tally began */
+	__u32 packets;             /* passed since the tally began */
+	__u64 bytes;
 };
+#if MAX_CLASSES > 32767
+#error "flow_memo keeps a class id in 16 bits"
+#endif
 
 /* flows: value.  Created by the program for a sampled new flow, updated on
- * a later packet's visit (limiter.c sample_flow), and copied to flows_visited
+ * a later visit (limiter.c visit), and copied to flows_visited
  * then; agent/datapath.py reads both (read_flows).
  * bytes/packets count what passed the limiter. */
 struct flow_stats {
