@@ -955,9 +955,9 @@ class _FlowReader:
     evicted (LRU) and catches a visit the full flows_visited map could not take.
 
     With 20,000 flows only ~700 entries are visited between two 100 ms ticks (a flow's
-    tally visits the table at most once per 16.8 ms epoch, and a CPU's small tallies
-    ~8,000 times a second per class at most: agent/abi.py): reading all of them cost
-    ~5 ms of syscalls a tick.  A flow keeps its place in its
+    tally visits the table once per 16.8 ms epoch it sends in, or when its memo slot
+    changes hands, and tallies of fewer packets than the CPU sends per 250 us visit by
+    chance: agent/abi.py): reading all of them cost ~5 ms of syscalls a tick.  A flow keeps its place in its
     class's list, new flows come last, and an entry nothing visited is the same
     FlowSample as before: the estimator's cheap path (agent/estimator.py).
     """

@@ -66,7 +66,7 @@ class Estimator:
     bench/README.md "Agent cost with many flows").  A record that is the same
     object as the last update's at its place (Datapath.read_flows hands out
     the same FlowSample while a flow's table entry does not change; most
-    flows are not visited by a packet between two ticks) only decays, done
+    flows' entries are not visited between two ticks) only decays, done
     for all of them in one pass; the others take the per-flow path."""
     ewma: float = 0.1
     flow_ewma: float = 0.8

@@ -7,7 +7,7 @@
     sh.close()                             # the root qdisc that was there before, restored
 
 In shape mode (``enforce = "shape"``, docs/config.md "Shaping mode") the BPF
-program still classifies, counts and samples a class's packets, but instead
+program still classifies, counts and tallies a class's packets, but instead
 of policing them it sets ``skb->priority`` to the class's HTB handle
 (:func:`handle`) and passes them (bpf/limiter.c ``shape``).  HTB reads the
 priority before any filter: a priority whose major is the HTB's handle and

@@ -119,7 +119,7 @@ def _agent_process(pid: int) -> psutil.Process:
 
 # --flows: one agent, N flows ------------------------------------------------------------
 
-FLOW_PPS = 7000        # both senders together: 3,500 a CPU, under the exact-sampling 4,000
+FLOW_PPS = 7000        # both senders together: 3,500 a CPU, under the exact-counting 4,000
 FLOW_PORT = 20000      # h2's UDP ports FLOW_PORT .. FLOW_PORT + N - 1
 MAX_FLOWS = 32768
 

@@ -4,7 +4,7 @@
     PYTHONPATH=/tmp/ab .venv/bin/python bench/estimator.py    # the same for /tmp/ab/drl (a git worktree)
 
 One class, `--flows` flows at first.  Each tick, `--visited` random flows get a new FlowSample in
-their place (a packet visited their table entry) and `--new` flows come last, as
+their place (a tally visited their table entry) and `--new` flows come last, as
 Datapath.read_flows hands them out; the passed bytes grow with them.  Reported: the median
 process time of one update over the last `--ticks` ticks (the first third is warm-up), for
 each number of new flows in `--new`.
@@ -50,7 +50,7 @@ def measure(flows: int, visited: int, new: int, ticks: int, interval_s: float = 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flows", type=int, default=20_000)
-    ap.add_argument("--visited", type=int, default=700, help="flows a packet visited, per tick")
+    ap.add_argument("--visited", type=int, default=700, help="flows whose entry was visited, per tick")
     ap.add_argument("--new", default="0,50", help="new flows per tick, comma-separated")
     ap.add_argument("--ticks", type=int, default=200)
     args = ap.parse_args()

@@ -18,7 +18,7 @@ attribution  BPF_PROG_TEST_RUN (bench/classify.py) on a 64-byte UDP and a
              1514-byte TCP frame, 1,000,000 runs x rounds, alternating: the
              limiter built without parts (agent/abi.py BENCH_SKIP), with a
              flow table visit on every packet (FLOW_EPOCH_SHIFT=0 with the fine
-             clock), with the fine clock (CLOCK_COARSE=0), classifying every
+             clock, FLOW_VISIT_NS=0), with the fine clock (CLOCK_COARSE=0), classifying every
              packet (MEMO_CLASS=0, as off x86), the version before issue 20, trivial.
 
 Variants are the same bpf/limiter.c compiled with other -D values from
@@ -55,7 +55,8 @@ MIXES = {"udp64": dict(udp_bps=0, length=22, streams=1),    # 22 B payload: 64-b
          "tcp1": dict(streams=1), "tcp16": dict(streams=16)}
 # name -> abi.cflags overrides: the limiter as built for the agent, and without parts
 VARIANTS = {"limiter": {}, "no-flow-table": {"BENCH_SKIP": 1},
-            "flows-every-packet": {"FLOW_EPOCH_SHIFT": 0, "CLOCK_COARSE": 0},   # a new epoch every ns
+            # a new epoch every ns (so the fine clock), and m = 1: every tally of 1 packet visits
+            "flows-every-packet": {"FLOW_EPOCH_SHIFT": 0, "CLOCK_COARSE": 0, "FLOW_VISIT_NS": 0},
             "fine-clock": {"CLOCK_COARSE": 0}, "no-police": {"BENCH_SKIP": 2},
             "parse-classify-count": {"BENCH_SKIP": 3}, "parse-classify-count-no-clock": {"BENCH_SKIP": 7},
             "no-class-memo": {"MEMO_CLASS": 0}, "no-classify": {"BENCH_SKIP": 8}}

@@ -324,19 +324,26 @@ static __always_inline void visit(const struct settings *s, struct flow_key *k, 
 {
 	struct flow_stats *f = flows.lookup(k);
 
-	if (f) {
-		__sync_fetch_and_add(&f->bytes, bytes);
-		__sync_fetch_and_add(&f->packets, packets);
-		f->last_ns = now;
-		note_visit(k, f);
-		return;
+	if (!f) {
+		if ((__u64)bpf_get_prandom_u32() >= s->sample_prob * packets)
+			return;
+		struct flow_stats fresh = { .bytes = bytes, .packets = packets, .first_ns = now, .last_ns = now,
+					    .class_id = class_id };
+		if (flows.insert(k, &fresh) == 0) {
+			note_visit(k, &fresh);
+			return;
+		}
+		/* NOEXIST lost: another CPU entered the flow meanwhile (epochs start
+		 * at the same time on every CPU, so a new flow sending from two
+		 * settles on both at once).  Our tally goes into its entry. */
+		f = flows.lookup(k);
+		if (!f)
+			return;
 	}
-	if ((__u64)bpf_get_prandom_u32() >= s->sample_prob * packets)
-		return;
-	struct flow_stats fresh = { .bytes = bytes, .packets = packets, .first_ns = now, .last_ns = now,
-				    .class_id = class_id };
-	if (flows.insert(k, &fresh) == 0)  /* NOEXIST: a racing CPU's entry wins */
-		note_visit(k, &fresh);
+	__sync_fetch_and_add(&f->bytes, bytes);
+	__sync_fetch_and_add(&f->packets, packets);
+	f->last_ns = now;
+	note_visit(k, f);
 }
 
 /* A tally of at least m = visit_every packets visits whole.  A smaller one
@@ -389,26 +396,35 @@ static __always_inline int same_flow(const struct flow_memo *m, const struct flo
 	return miss == 0;
 }
 
+/* The slot's tally settles now, as its class's (whose counters give m), and
+ * the slot starts an empty one: when another flow takes the slot, or the
+ * rules move the flow to another class. */
+static __always_inline void settle_slot(const struct settings *s, struct flow_memo *m)
+{
+	__u32 held = m->class_id;
+
+	if (!m->packets)
+		return;
+	settle(s, counters.lookup(&held), &m->key, m->class_id, m->bytes, m->packets, clock_ns());
+	m->packets = 0;
+	m->bytes = 0;
+}
+
 /* This CPU's memo slot for the flow, or NULL (no such CPU).  A slot another
- * flow held is taken over: that flow's tally settles first (its class's
- * counters give m), and the class is unknown until classify_memo finds it.
- * A flow that stopped keeps its last tally (16.8 ms at most) here until then. */
+ * flow held is taken over: that flow's tally settles first, and the class
+ * is unknown until classify_memo finds it.  A flow that stopped keeps its
+ * last tally (one epoch's bytes at most) here until then. */
 static __always_inline struct flow_memo *memo_of(const struct settings *s, const struct flow_key *k, __u32 mark)
 {
 	__u32 slot = bpf_get_smp_processor_id() << MEMO_BITS | memo_slot(k, mark);
 	struct flow_memo *m = memos.lookup(&slot);
-	__u32 held;
 
 	if (!m || same_flow(m, k, mark))
 		return m;
-	held = m->class_id;
-	if (m->packets)
-		settle(s, counters.lookup(&held), &m->key, m->class_id, m->bytes, m->packets, clock_ns());
+	settle_slot(s, m);
 	m->key = *k;
 	m->mark = mark;
 	m->gen = 0;
-	m->packets = 0;
-	m->bytes = 0;
 	return m;
 }
 
@@ -422,8 +438,9 @@ static __always_inline struct flow_memo *memo_of(const struct settings *s, const
  * (the barrier, and x86's loads in order: agent/abi.py MEMO_CLASS is 0
  * elsewhere, and every packet is classified), so an answer found from
  * entries a change was replacing is filed under the generation before the
- * change's end.  Plain writes: tc runs with bottom halves off, so no other
- * run of the program interleaves with this one on its CPU. */
+ * change's end.  A flow the rules move to another class settles its tally
+ * as the old class's first.  Plain writes: tc runs with bottom halves off,
+ * so no other run of the program interleaves with this one on its CPU. */
 static __always_inline __s64 classify_memo(const struct settings *s, struct flow_memo *m, const struct flow_key *k,
 					   __u32 mark)
 {
@@ -435,6 +452,8 @@ static __always_inline __s64 classify_memo(const struct settings *s, struct flow
 		return m->class_id;
 	class_id = classify(s, k, mark);
 	if (m) {
+		if (class_id != m->class_id)
+			settle_slot(s, m);
 		m->class_id = class_id;
 		m->gen = gen;
 	}

@@ -261,14 +261,12 @@ struct flow_memo {
 	struct flow_key key;
 	__u32 mark;                /* skb->mark: mark rules classify by it */
 	__u32 gen;                 /* settings.rules_gen class_id was found in; 0 = none */
-	__s16 class_id;            /* or NO_CLASS (-1) */
-	__u16 epoch;               /* now >> FLOW_EPOCH_SHIFT (its low 16 bits) when the tally began */
+	__s32 class_id;            /* or NO_CLASS (-1) */
 	__u32 packets;             /* passed since the tally began */
-	__u64 bytes;
+	__u32 bytes;               /* one CPU's of one flow in one epoch: 2^32 would take 2 Tbit/s */
+	__u16 epoch;               /* now >> FLOW_EPOCH_SHIFT (its low 16 bits) when the tally began */
+	__u16 pad0;
 };
-#if MAX_CLASSES > 32767
-#error "flow_memo keeps a class id in 16 bits"
-#endif
 
 /* flows: value.  Created by the program for a sampled new flow, updated on
  * a later visit (limiter.c visit), and copied to flows_visited
