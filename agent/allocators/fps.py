@@ -148,11 +148,13 @@ def proportional_share(weight: float, remote_weights: float, limit_Bps: float, n
 def bottlenecked_weight(demand_Bps: float, remote_weights: float, limit_Bps: float) -> float:
     """FPS-ESTIMATE line 9: the weight for which line 10 gives local limit = demand.
 
-    Needs demand < L (regime 2 guarantees it).  With no remote weight any
-    positive weight would take all of L, so the bottlenecked demand claims none
-    and the limit comes from the idle split of ``proportional_share``.
+    Needs demand < L (regime 2 guarantees it, but for no demand at all).  With no
+    remote weight any positive weight would take all of L, so the bottlenecked
+    demand claims none and the limit comes from the idle split of
+    ``proportional_share``.  Nor is there anything to claim when L is 0: silent
+    peers' datapaths may still pass all of it (effective_limit).
     """
-    if remote_weights <= 0.0:
+    if remote_weights <= 0.0 or demand_Bps >= limit_Bps:
         return 0.0
     return demand_Bps * remote_weights / (limit_Bps - demand_Bps)
 

@@ -77,6 +77,16 @@ def test_regime2_weight_sets_the_limit_to_the_demand():
     assert after.decision.limit_Bps == pytest.approx(2 * MBIT)
 
 
+def test_no_demand_when_silent_peers_may_pass_all_of_the_limit_claims_nothing():
+    # A stale peer's datapath may still pass all of L (reserved_Bps, effective_limit): the
+    # alive nodes share 0, and an interval without demand is regime 2 at L = 0.  A CI run
+    # crashed an agent here (0 / 0 in line 9).
+    view = views([0.0, 2.0, 1.0])[0]._replace(reserved_Bps=L)
+    step = create("fps").step(FpsState(weight=1.0, limit_Bps=0.0, now=0.0), snap(0, view, Local(demand_Bps=0.0)))
+    assert step.decision.info["regime"] == BOTTLENECKED
+    assert step.decision.info["ideal_weight"] == 0.0 and step.decision.limit_Bps == 0.0
+
+
 def test_regime2_alone_claims_no_weight_and_idle_cluster_splits_evenly():
     # No remote weight: line 9 gives 0; with every weight 0 each node gets L/N.
     local = Local(demand_Bps=2 * MBIT)
