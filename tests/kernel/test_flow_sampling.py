@@ -2,8 +2,8 @@
 flow table once per 16.8 ms epoch the flow sends in (bpf/limiter.c tally_flow, settle):
 per-flow byte counts are exact, but for a flow's last epoch, which stays in its slot until
 the flow sends again or another flow takes the slot.  Tallies smaller than a CPU's packets
-per 250 us visit with a chance and count for that many (Horvitz-Thompson); the two tests
-below have no such tallies.
+per 250 us visit with a chance and count for that many (Horvitz-Thompson): the first two
+tests have none, test_many_small_flows_are_estimated_without_bias nearly only those.
 
 Run: sudo .venv/bin/pytest -m kernel tests/kernel/test_flow_sampling.py
 FPS's own use of them: tests/kernel/test_agent.py and test_allocators.py (FPS tests).
@@ -59,7 +59,7 @@ def test_line_rate_flows_are_counted_exactly(net, server, datapath):
     dp.set_class(0, Mode.PASS)
     dp.read_flows()         # the first read is whole; the ones below drain flows_visited, as ticks do
     result = iperf3_start(h1, server, seconds=3, streams=8).wait()
-    assert largest_gap(dp) > 1
+    assert largest_gap(dp) > 1                   # m > 1, yet each stream's tallies are whole
     counted = flow_bytes(dp, server.port)
     sent = sorted(b * FRAME for b in result.stream_bytes)
     assert len(counted) == 8 and all(within(c, s, 0.02) for c, s in zip(counted, sent)), (counted, sent)
