@@ -397,8 +397,8 @@ static __always_inline int same_flow(const struct flow_memo *m, const struct flo
 }
 
 /* The slot's tally settles now, as its class's (whose counters give m), and
- * the slot starts an empty one: when another flow takes the slot, or the
- * rules move the flow to another class. */
+ * the slot starts an empty one: at a new epoch (tally_flow), when another
+ * flow takes the slot, or when the rules move the flow to another class. */
 static __always_inline void settle_slot(const struct settings *s, struct flow_memo *m)
 {
 	__u32 held = m->class_id;
@@ -979,18 +979,16 @@ static __always_inline int bypass(__u64 len)
 /* The packet's share of its flow's tally (the flow table above): a passed
  * packet adds its bytes in the slot; the first packet of a new epoch settles
  * the tally the last one left. */
-static __always_inline void tally_flow(const struct settings *s, struct counters *ctr, struct flow_memo *m,
-				       __s32 class_id, __u64 len, int passed, __u64 now)
+static __always_inline void tally_flow(const struct settings *s, struct flow_memo *m, __u64 len, int passed,
+				       __u64 now)
 {
 	__u16 epoch = now >> FLOW_EPOCH_SHIFT;
 
 	if (!m)
 		return;
 	if (m->epoch != epoch) {
-		settle(s, ctr, &m->key, class_id, m->bytes, m->packets, now);
+		settle_slot(s, m);
 		m->epoch = epoch;
-		m->bytes = 0;
-		m->packets = 0;
 	}
 	if (passed) {
 		m->bytes += len;
@@ -1040,7 +1038,7 @@ int drl_egress(struct __sk_buff *skb)
 		verdict = shape(skb, class_id, now) ? VERDICT_PASS : police(class_id, len, now);
 	count(ctr, len, verdict == VERDICT_PASS);
 	if (!(BENCH_SKIP & SKIP_FLOWS))
-		tally_flow(s, ctr, m, class_id, len, verdict == VERDICT_PASS, now);
+		tally_flow(s, m, len, verdict == VERDICT_PASS, now);
 	return verdict == VERDICT_DROP ? DROP_ACTION : TC_ACT_OK;
 }
 
