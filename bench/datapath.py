@@ -330,7 +330,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="packet: rounds per program and mix (attribution: +2)")
     ap.add_argument("--variants", default="", help=f"packet: also these builds, comma-separated "
                     f"({', '.join(v for v in per_packet.VARIANTS if v != 'limiter')})")
-    ap.add_argument("--before", default=per_packet.BEFORE_REV, help="git revision of the 'before' limiter ('' = none)")
+    ap.add_argument("--before", default=per_packet.BEFORE_REV,
+                    help="git revision of the 'before' limiter; several, comma-separated ('' = none)")
     args = ap.parse_args()
     variants = tuple(v for v in args.variants.split(",") if v)
     unknown = [v for v in variants if v not in per_packet.VARIANTS]

@@ -23,7 +23,8 @@ attribution  BPF_PROG_TEST_RUN (bench/classify.py) on a 64-byte UDP and a
 
 Variants are the same bpf/limiter.c compiled with other -D values from
 agent/abi.py (``compiled``), never copies of it; "before" is bpf/ at a git
-revision (``--before``, default e4511a2, the tree before the lock-free bucket).
+revision (``--before``, default e4511a2, the tree before the lock-free bucket;
+several, comma-separated, run side by side: how scratch builds are compared).
 """
 from __future__ import annotations
 
@@ -94,6 +95,15 @@ def checkout_before(rev: str, into: Path) -> Path:
                               capture_output=True, text=True).stdout
         (into / name).write_text(text)
     return into
+
+
+def befores(revs: str, tmp: Path) -> dict[str, Path]:
+    """"before (rev)" -> bpf/ as of rev, for each of the comma-separated ``revs``."""
+    out = {}
+    for rev in filter(None, revs.split(",")):
+        (tmp / rev).mkdir()
+        out[f"before ({rev})"] = checkout_before(rev, tmp / rev)
+    return out
 
 
 class Trivial:
@@ -171,8 +181,8 @@ def part_packet(net, srv, seconds: float, rounds: int = 3, variants: tuple[str, 
             progs["none"] = None
             progs["trivial"] = Trivial("eth0", h1.ns)
             progs["limiter"] = load("eth0", h1.ns)
-            if before:
-                progs[f"before ({before})"] = load("eth0", h1.ns, bpf_dir=checkout_before(before, Path(tmp)))
+            for name, bpf_dir in befores(before, Path(tmp)).items():
+                progs[name] = load("eth0", h1.ns, bpf_dir=bpf_dir)
             for name in variants:
                 progs[name] = load("eth0", h1.ns, VARIANTS[name])
             got = {(m, p): [] for m in MIXES for p in progs}
@@ -229,9 +239,8 @@ def part_attribution(net, srv, seconds: float, rounds: int = 5, repeat: int = 1_
         try:
             for name, overrides in VARIANTS.items():
                 progs[name] = load("lo", None, overrides, rate_Bps=1e12)
-            if before:
-                progs[f"before ({before})"] = load("lo", None, bpf_dir=checkout_before(before, Path(tmp)),
-                                                   rate_Bps=1e12)
+            for name, bpf_dir in befores(before, Path(tmp)).items():
+                progs[name] = load("lo", None, bpf_dir=bpf_dir, rate_Bps=1e12)
             progs["trivial"] = Trivial("lo", None)
             got = {(p, k): [] for p in progs for k in ("udp", "tcp")}
             for _ in range(rounds):
