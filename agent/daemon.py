@@ -131,8 +131,8 @@ def kernel_shaper(cfg: Config) -> Shaper:
 class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
-    datapath needs attach, ensure_attached, attachment, close, set_class, batch, heartbeat, set_rules, reset_class,
-    set_sample_probability, read_counters and read_flows (and with client rules set_client_rule, read_heavy,
+    datapath needs attach, ensure_attached, attachment, close(detach), set_class, batch, heartbeat, set_rules,
+    reset_class, set_sample_probability, read_counters and read_flows (and with client rules set_client_rule, read_heavy,
     client_counts, forget_clients, set_client_line, set_client_limits, set_client_bans); a transport address,
     resolved, peer_addrs, stats, poll, publish, announce, send, close (and sock, for ``serve``; set_peers and
     unresolved, with a registry; report_clients, with client rules)."""
@@ -143,6 +143,7 @@ class Agent:
         self.cfg = config
         self._stack = contextlib.ExitStack()
         self._make_shaper = shaper
+        self.crashed = False
         try:
             self._acquire(transport, datapath)
         except (ControlError, TransportError, MetricsError, DatapathError, StateFileError, LimitBookError,
@@ -186,9 +187,9 @@ class Agent:
             self.cfg = cfg = dataclasses.replace(cfg, classes=self._start_registry())
         self.book = LimitBook(Path(cfg.state_dir) / f"limits-{cfg.node_id}.json")
         self.dp = datapath(cfg, self.transport.address[1] if self.transport.address else None)
-        self._stack.callback(self.dp.close)
+        self._stack.callback(self._close, self.dp)
         self.shaper = self._make_shaper(cfg)
-        self._stack.callback(self.shaper.close)     # before dp.close: the root qdisc comes back first
+        self._stack.callback(self._close, self.shaper)     # before dp's: the root qdisc comes back first
         self.table = ClassTable(self.dp, self.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
                                 max_classes=cfg.max_classes, founders=self.registry and self.registry.founders)
         self.table.apply(cfg.classes, self._member_ids(), self.members.n_nodes)
@@ -198,6 +199,10 @@ class Agent:
             self._announce(run)
         self.dp.set_sample_probability(cfg.sample_probability)
         self.dp.attach()
+
+    def _close(self, kernel_side) -> None:
+        """The datapath or the shaper: detached at a stop, left enforcing after a crash."""
+        kernel_side.close(detach=not self.crashed)
 
     def _member_ids(self) -> tuple[str, ...]:
         return self.members.view(0, time.monotonic()).members
@@ -243,6 +248,13 @@ class Agent:
         except DatapathError as e:
             log.error("datapath_error", error=str(e))
             return 1
+        except Exception:
+            # A bug (logs.py logs it as `crashed`).  Detaching would leave this host's classes
+            # unlimited; left attached, the kernel enforces each class's safe rate once its
+            # config goes stale, and the peers count this host as a killed one: silent, at
+            # what its datapath may still pass (README "Faults").  systemd restarts us.
+            self.crashed = True
+            raise
         finally:
             self.notify.stopping()
             sel.close()

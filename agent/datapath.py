@@ -327,10 +327,16 @@ class Datapath:
         state = "failed" if self._attach_error else "attached" if self._attached else "detached"
         return {"state": state, "reattached": self._reattached, "error": self._attach_error}
 
-    def close(self) -> None:
+    def close(self, detach: bool = True) -> None:
+        """Detach and let go of everything.  ``detach=False`` (an agent that crashed) leaves
+        the filters, and the program and maps they hold, enforcing as a killed agent's do:
+        each class falls back to its safe rate when its config goes stale, and the next
+        Datapath on the interface replaces them (attach)."""
         try:
-            self.detach()
+            if detach:
+                self.detach()
         finally:
+            self._attached = False
             self._bpf.cleanup()
             self._release()
 

@@ -207,9 +207,11 @@ class Shaper:
             self._state.unlink(missing_ok=True)
         log.info("shaper_detached", iface=self.iface, restored=previous["kind"])
 
-    def close(self) -> None:
+    def close(self, detach: bool = True) -> None:
+        """Put the root qdisc back (unless ``detach`` is False: after a crash our HTB stays, as
+        after a SIGKILL, for the next agent to adopt) and close the netlink sockets."""
         try:
-            if self._nl is not None:
+            if detach and self._nl is not None:
                 self.detach()
         except (NetlinkError, OSError) as e:      # the interface went away with its qdiscs, say
             log.error("shaper_detach_failed", iface=self.iface, error=str(e))

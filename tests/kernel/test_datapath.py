@@ -171,6 +171,23 @@ def test_stale_config_falls_back_to_the_safe_rate(net, server, datapath):
     assert within(stale.received_bps, 5e6, 0.15), stale
 
 
+@pytest.mark.slow
+def test_a_crashed_owner_leaves_the_safe_rate_enforced_until_the_next_one_takes_over(net, server, datapath):
+    """close(detach=False), what a crashed agent does (agent/daemon.py serve): the filter and
+    the maps it holds stay, and the stale config falls back to the safe rate.  The next
+    Datapath replaces the filter and its stop leaves nothing."""
+    h1 = net.hosts[0]
+    dp = datapath()
+    dp.set_class(0, Mode.BUCKET, rate_Bps=100 * MBIT, safe_rate_Bps=5 * MBIT, timeout_s=1.0)
+    dp.close(detach=False)
+    assert tc_show(h1, "filter").count("handle 0xd1") == 1
+    time.sleep(1.2)                          # no write and no heartbeat for > 1 s
+    left = iperf3(h1, server, seconds=3, streams=4)
+    assert within(left.received_bps, 5e6, 0.15), left
+    datapath().close()
+    assert "clsact" not in tc_show(h1, "qdisc") and tc_show(h1, "filter").strip() == ""
+
+
 def test_zero_rate_still_lets_a_small_burst_through(net, server, datapath):
     dp = datapath(classes=parse_classes(["proto=udp"]), floor_rate_Bps=15_000)
     dp.set_class(0, Mode.BUCKET, rate_Bps=0)

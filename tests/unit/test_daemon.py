@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import signal
 import time
 
 import pytest
@@ -74,8 +75,9 @@ class FakeDatapath:
     def attachment(self):
         return {"state": "attached" if self.attached else "detached", "reattached": 0, "error": None}
 
-    def close(self):
+    def close(self, detach=True):
         self.closed = True
+        self.attached = self.attached and not detach
 
     def set_sample_probability(self, p):
         self.sample_probability = p
@@ -117,6 +119,8 @@ class FakeDatapath:
 class MemoryTransport:
     """agent.gossip's GossipCore with lists for a network: ``arrive`` queues a datagram
     for the next poll, ``sent`` keeps what publish and send put on the wire."""
+
+    sock = None      # serve() selects on nothing of ours
 
     def __init__(self, cfg):
         self.address = cfg.listen
@@ -200,6 +204,31 @@ def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
         assert 0 < status["demand_bps"] <= 2e6 and status["passed_bytes"] == 1_000_000
         assert published(a.transport)[-2:] == [status["demand_bps"] / 8] * 2    # a full mesh: b and c
     assert dp.closed
+
+
+@pytest.fixture
+def signals():
+    """serve() takes SIGTERM, SIGINT and SIGHUP: pytest gets them back afterwards."""
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    yield
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+def test_a_bug_in_the_loop_leaves_the_datapath_enforcing_and_a_stop_detaches(tmp_path, signals):
+    """Detached, a crashed agent's host would pass everything; attached, its kernel falls back
+    to the safe rate, as a killed agent's does (tests/kernel/test_datapath.py shows that part)."""
+    cfg = config(tmp_path, "--global", "12mbit", "--allocator", "static")
+    crashed, stopped = FakeDatapath(), FakeDatapath()
+    with pytest.raises(ZeroDivisionError):
+        with agent(cfg, crashed) as a:
+            a.tick = lambda now: 1 / 0
+            a.serve()
+    assert a.crashed and crashed.closed and crashed.attached
+    with agent(cfg, stopped) as a:
+        a.stopping = True
+        assert a.serve() == 0
+    assert not a.crashed and stopped.closed and not stopped.attached
 
 
 def test_a_config_is_written_when_it_changes_and_the_heartbeat_every_tick(tmp_path):

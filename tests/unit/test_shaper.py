@@ -84,7 +84,7 @@ class FakeShaper:
     def ensure_attached(self):
         return False
 
-    def close(self):
+    def close(self, detach=True):
         self.closed = True
 
 
