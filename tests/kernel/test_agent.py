@@ -15,7 +15,7 @@ import time
 import pytest
 
 from drl.agent.fairness import jain
-from drl.lab.agents import GOSSIP_PORT as PORT
+from drl.lab.agents import GOSSIP_PORT as PORT, Agent
 from drl.lab.measure import sink_rate_bps, tc_show, three_to_seven
 from drl.lab.metrics import within
 from drl.lab.traffic import iperf3, iperf3_server, iperf3_start
@@ -151,6 +151,50 @@ def test_every_class_spec_feeds_the_one_limited_class(net3, agents):
         slow = iperf3(h1, limited, seconds=4, streams=2)
     assert fast.received_bps > 50e6, fast            # matches no spec: not policed
     assert within(slow.received_bps, 10e6 * 0.96, 0.10), slow   # goodput ~4 % under the L2 limit
+
+
+# A bug put into a real agent from outside: sitecustomize (on PYTHONPATH) makes the static
+# allocator raise once the trigger file exists.
+_BUG = """
+import os
+from drl.agent.allocators import static
+
+step = static.Static.step
+
+def buggy(self, state, snap):
+    if os.path.exists({trigger!r}):
+        raise ZeroDivisionError("a bug put in by the test")
+    return step(self, state, snap)
+
+static.Static.step = buggy
+"""
+
+
+@pytest.mark.slow
+def test_a_crashed_agent_leaves_the_safe_rate_enforced_and_its_restart_takes_over(net3, agents, tmp_path):
+    """A crash is not a stop: detached, the host would pass everything until the restart."""
+    h1, _, h3 = net3.hosts
+    trigger, inject = tmp_path / "bug", tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_BUG.format(trigger=str(trigger)))
+    argv = agents.argv(h1, [], "static", "40mbit", "--safe-rate", "5mbit")
+    log = tmp_path / "crash.log"
+    proc = h1.popen("env", f"PYTHONPATH={inject}", *argv, log=log)
+    Agent(h1.name, argv[argv.index("--socket") + 1], proc, log).wait_ready(time.monotonic() + 60)
+    trigger.touch()
+    assert proc.wait(timeout=10) == 1
+    assert "event=crashed" in log.read_text() and "a bug put in by the test" in log.read_text()
+    assert tc_show(h1, "filter").count("handle 0xd1") == 1
+    time.sleep(2.5)                                             # > failsafe (max(2 s, 20 intervals))
+    with iperf3_server(h3) as srv:
+        client = iperf3_start(h1, srv, seconds=5, streams=2)
+        time.sleep(1.5)
+        rate = sink_rate_bps(h3, 3)
+        client.wait()
+    assert within(rate, 5e6, 0.15), rate
+    a1 = agents.start(h1, [], "static", "40mbit")               # takes the filter over
+    assert tc_show(h1, "filter").count("handle 0xd1") == 1
+    assert a1.kill(signal.SIGTERM) == 0 and not has_clsact(h1)
 
 
 @pytest.mark.slow
