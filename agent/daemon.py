@@ -213,7 +213,7 @@ class Agent:
     def __exit__(self, *exc) -> None:
         try:
             self._stack.close()
-            log.info("stopped", iface=self.cfg.iface, detached=True)
+            log.info("stopped", iface=self.cfg.iface, detached=not self.crashed)
         except DatapathError as e:
             log.error("stop_failed", iface=self.cfg.iface, error=str(e))
 

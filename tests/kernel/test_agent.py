@@ -183,7 +183,8 @@ def test_a_crashed_agent_leaves_the_safe_rate_enforced_and_its_restart_takes_ove
     Agent(h1.name, argv[argv.index("--socket") + 1], proc, log).wait_ready(time.monotonic() + 60)
     trigger.touch()
     assert proc.wait(timeout=10) == 1
-    assert "event=crashed" in log.read_text() and "a bug put in by the test" in log.read_text()
+    said = log.read_text()
+    assert "event=crashed" in said and "a bug put in by the test" in said and "detached=false" in said, said
     assert tc_show(h1, "filter").count("handle 0xd1") == 1
     time.sleep(2.5)                                             # > failsafe (max(2 s, 20 intervals))
     with iperf3_server(h3) as srv:
