@@ -143,7 +143,7 @@ class Agent:
         self.cfg = config
         self._stack = contextlib.ExitStack()
         self._make_shaper = shaper
-        self.crashed = False
+        self.failed = False      # the loop ended on an error: the kernel side stays (serve)
         try:
             self._acquire(transport, datapath)
         except (ControlError, TransportError, MetricsError, DatapathError, StateFileError, LimitBookError,
@@ -201,8 +201,8 @@ class Agent:
         self.dp.attach()
 
     def _close(self, kernel_side) -> None:
-        """The datapath or the shaper: detached at a stop, left enforcing after a crash."""
-        kernel_side.close(detach=not self.crashed)
+        """The datapath or the shaper: detached at a stop, left enforcing after a failure."""
+        kernel_side.close(detach=not self.failed)
 
     def _member_ids(self) -> tuple[str, ...]:
         return self.members.view(0, time.monotonic()).members
@@ -213,7 +213,7 @@ class Agent:
     def __exit__(self, *exc) -> None:
         try:
             self._stack.close()
-            log.info("stopped", iface=self.cfg.iface, detached=not self.crashed)
+            log.info("stopped", iface=self.cfg.iface, detached=not self.failed)
         except DatapathError as e:
             log.error("stop_failed", iface=self.cfg.iface, error=str(e))
 
@@ -245,15 +245,17 @@ class Agent:
                     next_tick = max(next_tick + cfg.interval_s, now + cfg.interval_s / 2)
                 for key, _ in sel.select(max(0.0, next_tick - time.monotonic())):
                     key.data()
+        # A failure, the kernel's or a bug (logs.py logs that as `crashed`), is not a stop:
+        # detached, this host's classes would pass everything.  Left attached, the kernel
+        # enforces each class's safe rate once its config goes stale, and the peers count
+        # this host as a killed one: silent, at what its datapath may still pass (README
+        # "Faults").  systemd restarts us.
         except DatapathError as e:
+            self.failed = True
             log.error("datapath_error", error=str(e))
             return 1
         except Exception:
-            # A bug (logs.py logs it as `crashed`).  Detaching would leave this host's classes
-            # unlimited; left attached, the kernel enforces each class's safe rate once its
-            # config goes stale, and the peers count this host as a killed one: silent, at
-            # what its datapath may still pass (README "Faults").  systemd restarts us.
-            self.crashed = True
+            self.failed = True
             raise
         finally:
             self.notify.stopping()

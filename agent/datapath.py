@@ -328,7 +328,7 @@ class Datapath:
         return {"state": state, "reattached": self._reattached, "error": self._attach_error}
 
     def close(self, detach: bool = True) -> None:
-        """Detach and let go of everything.  ``detach=False`` (an agent that crashed) leaves
+        """Detach and let go of everything.  ``detach=False`` (an agent that failed) leaves
         the filters, and the program and maps they hold, enforcing as a killed agent's do:
         each class falls back to its safe rate when its config goes stale, and the next
         Datapath on the interface replaces them (attach)."""

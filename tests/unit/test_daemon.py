@@ -12,7 +12,7 @@ import pytest
 
 from drl.agent.config import build_config, class_key
 from drl.agent.daemon import CLUSTER, Agent
-from drl.agent.datapath import Counters, FlowKey, FlowSample, now_ns
+from drl.agent.datapath import Counters, DatapathError, FlowKey, FlowSample, now_ns
 from drl.agent.gossip import GossipCore, Outgoing, PeerList
 from drl.agent.model import Mode
 from drl.agent.registry import Registry, RegistryConfig, import_classes
@@ -215,20 +215,27 @@ def signals():
         signal.signal(sig, handler)
 
 
-def test_a_bug_in_the_loop_leaves_the_datapath_enforcing_and_a_stop_detaches(tmp_path, signals):
-    """Detached, a crashed agent's host would pass everything; attached, its kernel falls back
+def test_a_failure_in_the_loop_leaves_the_datapath_enforcing_and_a_stop_detaches(tmp_path, signals):
+    """Detached, a failed agent's host would pass everything; attached, its kernel falls back
     to the safe rate, as a killed agent's does (tests/kernel/test_datapath.py shows that part)."""
     cfg = config(tmp_path, "--global", "12mbit", "--allocator", "static")
-    crashed, stopped = FakeDatapath(), FakeDatapath()
+    crashed, failed, stopped = FakeDatapath(), FakeDatapath(), FakeDatapath()
     with pytest.raises(ZeroDivisionError):
         with agent(cfg, crashed) as a:
-            a.tick = lambda now: 1 / 0
+            a.tick = lambda now: 1 / 0                  # a bug
             a.serve()
-    assert a.crashed and crashed.closed and crashed.attached
+    assert a.failed and crashed.closed and crashed.attached
+
+    def broken(class_ids):
+        raise DatapathError("reading a BPF map failed: Bad address")
+    failed.read_counters = broken
+    with agent(cfg, failed) as a:
+        assert a.serve() == 1
+    assert a.failed and failed.closed and failed.attached
     with agent(cfg, stopped) as a:
         a.stopping = True
         assert a.serve() == 0
-    assert not a.crashed and stopped.closed and not stopped.attached
+    assert not a.failed and stopped.closed and not stopped.attached
 
 
 def test_a_config_is_written_when_it_changes_and_the_heartbeat_every_tick(tmp_path):
