@@ -143,7 +143,12 @@ class Agent:
         self.cfg = config
         self._stack = contextlib.ExitStack()
         self._make_shaper = shaper
-        self.failed = False      # the loop ended on an error: the kernel side stays (serve)
+        # A failure (a DatapathError in serve, any other exception out of `with agent`) is not
+        # a stop: detached, this host's classes would pass everything.  Left attached, the
+        # kernel enforces each class's safe rate once its config goes stale, and the peers
+        # count this host as a killed one: silent (its lease expiring, with a registry), at
+        # what its datapath may still pass (README "Faults").  systemd restarts us.
+        self.failed = False
         try:
             self._acquire(transport, datapath)
         except (ControlError, TransportError, MetricsError, DatapathError, StateFileError, LimitBookError,
@@ -204,13 +209,19 @@ class Agent:
         """The datapath or the shaper: detached at a stop, left enforcing after a failure."""
         kernel_side.close(detach=not self.failed)
 
+    def _leave_registry(self) -> None:
+        """At a stop we leave; after a failure our lease expires, as a killed agent's does."""
+        self.registry.close(leave=not self.failed)
+
     def _member_ids(self) -> tuple[str, ...]:
         return self.members.view(0, time.monotonic()).members
 
     def __enter__(self) -> "Agent":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is not None and issubclass(kind, Exception):
+            self.failed = True      # a bug (logs.py logs it as `crashed` after this), not a stop
         try:
             self._stack.close()
             log.info("stopped", iface=self.cfg.iface, detached=not self.failed)
@@ -245,18 +256,10 @@ class Agent:
                     next_tick = max(next_tick + cfg.interval_s, now + cfg.interval_s / 2)
                 for key, _ in sel.select(max(0.0, next_tick - time.monotonic())):
                     key.data()
-        # A failure, the kernel's or a bug (logs.py logs that as `crashed`), is not a stop:
-        # detached, this host's classes would pass everything.  Left attached, the kernel
-        # enforces each class's safe rate once its config goes stale, and the peers count
-        # this host as a killed one: silent, at what its datapath may still pass (README
-        # "Faults").  systemd restarts us.
         except DatapathError as e:
             self.failed = True
             log.error("datapath_error", error=str(e))
             return 1
-        except Exception:
-            self.failed = True
-            raise
         finally:
             self.notify.stopping()
             sel.close()
@@ -451,7 +454,7 @@ class Agent:
         cfg = self.cfg
         self.registry = Registry(dataclasses.replace(cfg.registry, mark=cfg.gossip_mark), cfg.node_id,
                                  self.transport.address, self.transport.core.incarnation)
-        self._stack.callback(self.registry.close)     # after the datapath is detached: we leave last
+        self._stack.callback(self._leave_registry)    # runs after the datapath's close: we leave last
         self.registry.start()
         deadline = time.monotonic() + REGISTRY_START_S
         while not self.registry.view().reachable and time.monotonic() < deadline:

@@ -336,7 +336,7 @@ class Datapath:
             if detach:
                 self.detach()
         finally:
-            self._attached = False
+            self._attached = False      # not ours any more: a second close() detaches nothing
             self._bpf.cleanup()
             self._release()
 

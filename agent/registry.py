@@ -198,15 +198,18 @@ class Registry:
                 continue
         return known or tuple(sorted(members))
 
-    def close(self) -> None:
+    def close(self, leave: bool = True) -> None:
         """Stop the threads, then say we leave and revoke the lease, so that our key goes
-        now, not after the TTL, and the others know it went on purpose (not ``lost``)."""
+        now, not after the TTL, and the others know it went on purpose (not ``lost``).
+        ``leave=False`` (an agent that failed, its datapath left enforcing) says nothing:
+        the key goes with the lease, and the others count us lost, at what our datapath
+        may still pass, as after a SIGKILL."""
         self._stopping.set()
         self._wake.set()
         self._close_watch()
         if self._thread.is_alive():
             self._thread.join(timeout=3 * CALL_TIMEOUT_S)
-        if self._lease:
+        if self._lease and leave:
             leaving = json.dumps({**json.loads(self._me), "left": True}).encode()
             for gw in self._gateways:
                 try:
@@ -215,7 +218,7 @@ class Registry:
                     break
                 except EtcdError:
                     continue
-            self._lease = 0
+        self._lease = 0
 
     # --- the registry thread --------------------------------------------------
 

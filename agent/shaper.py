@@ -211,8 +211,8 @@ class Shaper:
         """Put the root qdisc back (unless ``detach`` is False: after a crash our HTB stays, as
         after a SIGKILL, for the next agent to adopt) and close the netlink sockets."""
         try:
-            if detach and self._nl is not None:
-                self.detach()
+            if detach:
+                self.detach()       # attached (_previous) implies the sockets are open
         except (NetlinkError, OSError) as e:      # the interface went away with its qdiscs, say
             log.error("shaper_detach_failed", iface=self.iface, error=str(e))
         finally:

@@ -69,6 +69,16 @@ def test_two_agents_see_each_other_and_a_close_leaves_at_once(registries):
     assert b.changed() > seen and b.view().lost == {}                   # it said it leaves: not lost
 
 
+def test_a_close_without_leaving_expires_with_the_lease_as_a_kill_does(registries):
+    """close(leave=False): an agent that failed, its datapath still enforcing (agent/daemon.py
+    failed); the others must count it lost, at what that datapath may pass."""
+    a, b = registries("a", ttl_s=2.0), registries("b")
+    wait(lambda: "a" in b.view().members, 2.0)
+    a.close(leave=False)
+    gone = wait(lambda: "a" not in b.view().members, 5.0)
+    assert list(b.view().lost) == ["a"] and gone > 1.0, gone
+
+
 HOLDER = textwrap.dedent("""
     import sys, time
     from drl.agent.registry import Registry, RegistryConfig

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import signal
 import time
 
 import pytest
@@ -206,16 +205,7 @@ def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
     assert dp.closed
 
 
-@pytest.fixture
-def signals():
-    """serve() takes SIGTERM, SIGINT and SIGHUP: pytest gets them back afterwards."""
-    old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    yield
-    for sig, handler in old.items():
-        signal.signal(sig, handler)
-
-
-def test_a_failure_in_the_loop_leaves_the_datapath_enforcing_and_a_stop_detaches(tmp_path, signals):
+def test_a_failure_in_the_loop_leaves_the_datapath_enforcing_and_a_stop_detaches(tmp_path, signals_kept):
     """Detached, a failed agent's host would pass everything; attached, its kernel falls back
     to the safe rate, as a killed agent's does (tests/kernel/test_datapath.py shows that part)."""
     cfg = config(tmp_path, "--global", "12mbit", "--allocator", "static")

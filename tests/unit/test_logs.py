@@ -6,7 +6,6 @@ import io
 import json
 import logging
 import re
-import signal
 import sys
 from datetime import datetime, timezone
 
@@ -203,15 +202,6 @@ def test_setup_writes_to_stderr_as_it_is_when_a_record_comes(restore_logging, ca
 
 
 # -- the agent's events -----------------------------------------------------------------------
-
-@pytest.fixture
-def signals_kept():
-    """serve() installs the agent's signal handlers; give pytest its own back."""
-    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    yield
-    for s, handler in kept.items():
-        signal.signal(s, handler)
-
 
 def events(caplog) -> dict[str, dict]:
     """The last record of each event the agent logged, parsed back from its logfmt line."""

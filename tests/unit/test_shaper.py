@@ -154,6 +154,7 @@ class RecordingShaper(Shaper):
     def __init__(self):
         super().__init__("eth0")
         self.writes: list[tuple[int, int, str]] = []
+        self.detaches = 0
 
     def _attach(self):
         self._previous = {"kind": "noqueue", "handle": 0, "options": ""}
@@ -165,6 +166,7 @@ class RecordingShaper(Shaper):
         self.writes.append((class_id, 0, "del-class"))
 
     def detach(self):
+        self.detaches += 1
         self._previous = None
         self._rates.clear()
 
@@ -186,3 +188,12 @@ def test_a_slot_that_cannot_be_shaped_gets_priority_0_so_it_is_policed():
     sh = RecordingShaper()
     assert sh.set_rate(MAX_SHAPED_ID + 1, 1e6) == 0 and sh.set_rate(MAX_SHAPED_ID + 1, 1e6) == 0
     assert sh.writes == []
+
+
+def test_a_failed_agent_leaves_its_htb_for_the_next_one_and_a_stop_puts_the_root_back():
+    failed, stopped = RecordingShaper(), RecordingShaper()
+    for sh in (failed, stopped):
+        sh.set_rate(3, 1_000_000)
+    failed.close(detach=False)
+    stopped.close()
+    assert (failed.detaches, stopped.detaches) == (0, 1)
