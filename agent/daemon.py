@@ -132,10 +132,10 @@ class Agent:
     """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
     build its two resources; tests pass in-memory ones (tests/unit/test_daemon.py).  A
     datapath needs attach, ensure_attached, attachment, close(detach), set_class, batch, heartbeat, set_rules,
-    reset_class, set_sample_probability, read_counters and read_flows (and with client rules set_client_rule, read_heavy,
-    client_counts, forget_clients, set_client_line, set_client_limits, set_client_bans); a transport address,
-    resolved, peer_addrs, stats, poll, publish, announce, send, close (and sock, for ``serve``; set_peers and
-    unresolved, with a registry; report_clients, with client rules)."""
+    reset_class, set_sample_probability, read_counters and read_flows (and with client rules set_client_rule,
+    read_heavy, client_counts, forget_clients, set_client_line, set_client_limits, set_client_bans); a
+    transport address, resolved, peer_addrs, stats, poll, publish, announce, send, close (and sock, for
+    ``serve``; set_peers and unresolved, with a registry; report_clients, with client rules)."""
 
     def __init__(self, config: Config, transport: Callable[[Config], Any] = udp_transport,
                  datapath: Callable[[Config, int | None], Any] = kernel_datapath,

@@ -208,7 +208,7 @@ class Shaper:
         log.info("shaper_detached", iface=self.iface, restored=previous["kind"])
 
     def close(self, detach: bool = True) -> None:
-        """Put the root qdisc back (unless ``detach`` is False: after a crash our HTB stays, as
+        """Put the root qdisc back (unless ``detach`` is False: after a failure our HTB stays, as
         after a SIGKILL, for the next agent to adopt) and close the netlink sockets."""
         try:
             if detach:
