@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from drl.agent.datapath import Datapath, default_burst
+from drl.agent.datapath import Datapath, DatapathError, default_burst
 from drl.agent.model import Mode
 from drl.agent.shaper import Shaper, shape_burst
 from drl.lab.errors import LabError
@@ -352,5 +352,5 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except LabError as e:
+    except (LabError, DatapathError) as e:     # a --before revision that does not compile, say
         sys.exit(f"error: {e}")
