@@ -1,6 +1,7 @@
 """What kernel tests and benchmarks read off a running Lab: rates at a sink, tc state, the 3:7 split.
 
     rate = sink_rate_bps(sink, seconds=10)      # L2 bits/s arriving at the sink's eth0
+    rate = tcp_rate_at_sink(sender, sink, seconds=8, streams=4, settle_s=3, measure_s=4)   # while iperf3 sends
     run = three_to_seven(lab, a1, a2, sink, poll_s=1.0)
     run.share, jain(run.stream_bytes)
 
@@ -28,6 +29,18 @@ def sink_rate_bps(host: Host, seconds: float) -> float:
     before = rx_bytes(host)
     time.sleep(seconds)
     return (rx_bytes(host) - before) * 8 / seconds
+
+
+def tcp_rate_at_sink(sender: Host, sink: Host, *, seconds: float, streams: int, settle_s: float,
+                     measure_s: float) -> float:
+    """Bulk TCP (iperf3, ``streams`` flows for ``seconds``) from sender to a server on sink:
+    sink_rate_bps over ``measure_s``, from ``settle_s`` after the start (past the full bucket)."""
+    with iperf3_server(sink) as srv:
+        client = iperf3_start(sender, srv, seconds=seconds, streams=streams)
+        time.sleep(settle_s)
+        rate = sink_rate_bps(sink, measure_s)
+        client.wait()
+    return rate
 
 
 def tc_show(host: Host, what: str) -> str:

@@ -16,7 +16,7 @@ import pytest
 
 from drl.agent.fairness import jain
 from drl.lab.agents import GOSSIP_PORT as PORT, Agent
-from drl.lab.measure import sink_rate_bps, tc_show, three_to_seven
+from drl.lab.measure import sink_rate_bps, tc_show, tcp_rate_at_sink, three_to_seven
 from drl.lab.metrics import within
 from drl.lab.traffic import iperf3, iperf3_server, iperf3_start
 
@@ -86,11 +86,7 @@ def test_dead_peer_turns_stale_and_the_survivor_follows_the_1_over_n_policy(net3
     st = a1.wait_for(lambda s: not alive(s), 5)
     assert not alive(st) and time.monotonic() - killed < timeout_s + 2.0, st["peers"]
     assert st["effective_limit_bps"] == 10e6, st                # 20 Mbit/s less the dead peer's 1/2
-    with iperf3_server(h3) as srv:
-        client = iperf3_start(h1, srv, seconds=8, streams=4)
-        time.sleep(3)
-        rate = sink_rate_bps(h3, 4)
-        client.wait()
+    rate = tcp_rate_at_sink(h1, h3, seconds=8, streams=4, settle_s=3, measure_s=4)
     assert within(rate, 10e6, 0.10), rate                       # its datapath keeps enforcing
 
 
@@ -187,11 +183,7 @@ def test_a_crashed_agent_leaves_the_safe_rate_enforced_and_its_restart_takes_ove
     assert "event=crashed" in said and "a bug put in by the test" in said and "detached=false" in said, said
     assert tc_show(h1, "filter").count("handle 0xd1") == 1
     time.sleep(2.5)                                             # > failsafe (max(2 s, 20 intervals))
-    with iperf3_server(h3) as srv:
-        client = iperf3_start(h1, srv, seconds=5, streams=2)
-        time.sleep(1.5)
-        rate = sink_rate_bps(h3, 3)
-        client.wait()
+    rate = tcp_rate_at_sink(h1, h3, seconds=5, streams=2, settle_s=1.5, measure_s=3)
     assert within(rate, 5e6, 0.15), rate
     a1 = agents.start(h1, [], "static", "40mbit")               # takes the filter over
     assert tc_show(h1, "filter").count("handle 0xd1") == 1
@@ -206,11 +198,7 @@ def test_a_hung_agent_falls_back_to_the_safe_rate(net3, agents):
     os.killpg(a1.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(3)                                           # > failsafe (max(2 s, 20 intervals))
-        with iperf3_server(h3) as srv:
-            client = iperf3_start(h1, srv, seconds=6, streams=2)
-            time.sleep(2)
-            rate = sink_rate_bps(h3, 3)
-            client.wait()
+        rate = tcp_rate_at_sink(h1, h3, seconds=6, streams=2, settle_s=2, measure_s=3)
     finally:
         os.killpg(a1.proc.pid, signal.SIGCONT)
     assert within(rate, 5e6, 0.15), rate

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from drl.lab.agents import READY_TIMEOUT_S, Agent, drl_agent, installed
-from drl.lab.measure import sink_rate_bps, tc_show
+from drl.lab.measure import sink_rate_bps, tc_show, tcp_rate_at_sink
 from drl.lab.metrics import within
 from drl.lab.traffic import iperf3_server, iperf3_start
 
@@ -109,11 +109,7 @@ def test_the_design_cards_command_limits_alone_without_a_key(net, tmp_path):
     st = agent.status()
     assert st["standalone"] and st["listen"] is None and st["peers"] == [] and not st["authenticated"]
     assert "event=standalone" in log.read_text()
-    with iperf3_server(h2) as srv:
-        client = iperf3_start(h1, srv, seconds=12, streams=4)
-        time.sleep(4)
-        rate = sink_rate_bps(h2, 6)
-        client.wait()
+    rate = tcp_rate_at_sink(h1, h2, seconds=12, streams=4, settle_s=4, measure_s=6)
     assert within(rate, 10e6, 0.05), rate
     agent.kill(15)
     assert "clsact" not in tc_show(h1, "qdisc")

@@ -30,9 +30,8 @@ from pathlib import Path
 import pytest
 
 from drl.lab.agents import READY_TIMEOUT_S, Agent
-from drl.lab.measure import sink_rate_bps, tc_show
+from drl.lab.measure import tc_show, tcp_rate_at_sink
 from drl.lab.metrics import within
-from drl.lab.traffic import iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
 
@@ -137,11 +136,7 @@ def test_the_installed_agent_limits_one_host(install, net, tmp_path, monkeypatch
     agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
     st = run([install.bin / "drlctl", "--socket", sock, "status", "--json"], install.cwd, timeout=30)
     assert st.returncode == 0 and '"standalone": true' in st.stdout, st
-    with iperf3_server(h2) as srv:
-        client = iperf3_start(h1, srv, seconds=10, streams=4)
-        time.sleep(3)
-        rate = sink_rate_bps(h2, 5)
-        client.wait()
+    rate = tcp_rate_at_sink(h1, h2, seconds=10, streams=4, settle_s=3, measure_s=5)
     assert within(rate, 10e6, 0.05), rate
     assert agent.kill(15) == 0
     assert "clsact" not in tc_show(h1, "qdisc")
