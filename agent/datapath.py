@@ -1008,7 +1008,7 @@ class _FlowReader:
             samples = self.samples[at[0]]
             samples[at[1]] = _new_tuple(FlowSample, (samples[at[1]].key, *row))
             return
-        if at is not None:      # back in another class: evicted, then seen again after the rules changed
+        if at is not None:      # in another class now: the rules moved the flow (limiter.c visit)
             self._forget(*at)
         self._append(raw, row)
 

@@ -318,17 +318,28 @@ static __always_inline void note_visit(struct flow_key *k, struct flow_stats *f)
 
 /* A tracked flow counts the bytes; an untracked one joins the sample set
  * with sample_prob per packet of the tally (at most 1).  last_ns is the time
- * of the flow's last visit. */
+ * of the flow's last visit.  A tally of another class than the entry's (the
+ * rules moved the flow; classify_memo settled the old class's tally first)
+ * starts the entry over as that class's, as a new flow of it: else the old
+ * class's FPS would go on counting the flow's bytes and the new one's never
+ * see it.  One replacing update: an add another CPU makes to the old entry
+ * meanwhile is lost, one tally at most, and each CPU's last tally of the old
+ * class may move the entry back once, right after the change. */
 static __always_inline void visit(const struct settings *s, struct flow_key *k, __s32 class_id, __u64 bytes,
 				  __u64 packets, __u64 now)
 {
 	struct flow_stats *f = flows.lookup(k);
+	struct flow_stats fresh = { .bytes = bytes, .packets = packets, .first_ns = now, .last_ns = now,
+				    .class_id = class_id };
 
+	if (f && f->class_id != class_id) {
+		if (flows.update(k, &fresh) == 0)
+			note_visit(k, &fresh);
+		return;
+	}
 	if (!f) {
 		if ((__u64)bpf_get_prandom_u32() >= s->sample_prob * packets)
 			return;
-		struct flow_stats fresh = { .bytes = bytes, .packets = packets, .first_ns = now, .last_ns = now,
-					    .class_id = class_id };
 		if (flows.insert(k, &fresh) == 0) {
 			note_visit(k, &fresh);
 			return;

@@ -160,6 +160,31 @@ def test_a_flow_classified_before_a_rules_change_follows_the_new_rules(net, serv
     client.wait()
 
 
+def test_a_flow_the_rules_move_takes_its_flow_table_entry_to_its_new_class(net, server, datapath):
+    """The flow table files a flow under the class its tallies were counted in: once the
+    rules move it, its entry starts over as the new class's (limiter.c visit), so the
+    agent's FPS for each class sees that class's flows and bytes only."""
+    h1 = net.hosts[0]
+    dp = datapath(classes=[parse_class(f"dst={H2},proto=tcp")])          # class 0
+    client = iperf3_start(h1, server, seconds=3, streams=2)
+    time.sleep(1.0)
+    streams = {f.key for f in dp.read_flows(full=True).get(0, []) if f.key.dport == server.port
+               and f.bytes > 1_000_000}
+    assert len(streams) == 2, streams
+    dp.set_rules([(parse_class(f"dst={H2},proto=tcp"), 1)])
+    time.sleep(0.1)                   # every CPU's first packet after the change settled the old tally
+    counted = dp.read_counters([1])[1].passed_bytes
+    time.sleep(0.8)
+    flows = dp.read_flows(full=True)
+    assert not streams & {f.key for f in flows.get(0, [])}, flows.get(0)
+    moved = [f for f in flows.get(1, []) if f.key in streams]
+    assert len(moved) == 2, flows.get(1)
+    # bytes since the move only: at most what class 1 passed in all, most of what it passed since
+    since = dp.read_counters([1])[1].passed_bytes - counted
+    assert since * 0.5 < sum(f.bytes for f in moved) <= dp.read_counters([1])[1].passed_bytes, (moved, since)
+    client.wait()
+
+
 def test_prefix_lengths_come_and_go_while_a_prefix_class_keeps_its_packets(net, server, datapath):
     h1 = net.hosts[0]
     kept = (parse_class("dst=10.0.0.0/16,proto=tcp"), 0)
