@@ -965,7 +965,9 @@ class _FlowReader:
     changes hands, and tallies of fewer packets than the CPU sends per 250 us visit by
     chance: agent/abi.py): reading all of them cost ~5 ms of syscalls a tick.  A flow keeps its place in its
     class's list, new flows come last, and an entry nothing visited is the same
-    FlowSample as before: the estimator's cheap path (agent/estimator.py).
+    FlowSample as before: the estimator's cheap path (agent/estimator.py).  A drained
+    entry of another class than the one it is filed under (the rules moved its flow)
+    makes the call a full read.
     """
     FULL_READ_S = 10.0
 
@@ -985,11 +987,15 @@ class _FlowReader:
     def read(self, full: bool) -> dict[int, list[FlowSample]]:
         n = _lookup_batch(self.visited, self.keys, self.values, self.visited.max_entries, delete=True)
         now = time.monotonic()
-        if full or self.full_at is None or now - self.full_at >= self.FULL_READ_S:
-            self._read_all()    # after the drain: it holds every visit the drain took
+        full = full or self.full_at is None or now - self.full_at >= self.FULL_READ_S
+        rows = [] if full else list(self._rows(n))
+        if full or any(self._moved(raw, row) for raw, row in rows):
+            # after the drain: the table holds every visit the drain took.  Flows the rules moved
+            # to another class: one rebuild, not their old class's list renumbered for each
+            self._read_all()
             self.full_at = now
         else:
-            for raw, row in self._rows(n):
+            for raw, row in rows:
                 self._visit(raw, row)
         # copies: the estimator tells a visited flow by its list's FlowSample not being the last one's
         return {class_id: list(samples) for class_id, samples in self.samples.items()}
@@ -1000,29 +1006,27 @@ class _FlowReader:
         return zip((keys[at:at + self.key_size] for at in range(0, len(keys), self.key_size)),
                    map(self.order, self.value.iter_unpack(values)))
 
+    def _moved(self, raw: bytes, row: tuple) -> bool:
+        """The entry is another class's than the one we filed it under: the rules moved the
+        flow (limiter.c visit)."""
+        at = self.place.get(raw)
+        return at is not None and at[0] != row[0]
+
     def _visit(self, raw: bytes, row: tuple) -> None:
         """A visited entry's FlowSample in its place, or, for a flow new to us, last in
         its class."""
         at = self.place.get(raw)
-        if at is not None and at[0] == row[0]:
-            samples = self.samples[at[0]]
-            samples[at[1]] = _new_tuple(FlowSample, (samples[at[1]].key, *row))
+        if at is None:
+            self._append(raw, row)
             return
-        if at is not None:      # in another class now: the rules moved the flow (limiter.c visit)
-            self._forget(*at)
-        self._append(raw, row)
+        samples = self.samples[at[0]]
+        samples[at[1]] = _new_tuple(FlowSample, (samples[at[1]].key, *row))
 
     def _append(self, raw: bytes, row: tuple) -> None:
         samples, raws = self.samples.setdefault(row[0], []), self.raws.setdefault(row[0], [])
         self.place[raw] = (row[0], len(samples))
         samples.append(_new_tuple(FlowSample, (_decode_key(self.table.Key.from_buffer_copy(raw)), *row)))
         raws.append(raw)
-
-    def _forget(self, class_id: int, index: int) -> None:
-        samples, raws = self.samples[class_id], self.raws[class_id]
-        del self.place[raws[index]], samples[index], raws[index]
-        for i in range(index, len(raws)):
-            self.place[raws[i]] = (class_id, i)
 
     def _read_all(self) -> None:
         """The whole table: flows we know keep their order (and their FlowSample while

@@ -318,21 +318,27 @@ static __always_inline void note_visit(struct flow_key *k, struct flow_stats *f)
 
 /* A tracked flow counts the bytes; an untracked one joins the sample set
  * with sample_prob per packet of the tally (at most 1).  last_ns is the time
- * of the flow's last visit.  A tally of another class than the entry's (the
- * rules moved the flow; classify_memo settled the old class's tally first)
- * starts the entry over as that class's, as a new flow of it: else the old
+ * of the flow's last visit.  An entry is the class's that its tallies are
+ * counted in: when the rules move the flow (classify_memo settles the old
+ * class's tally first), the first tally classified under the newer rules
+ * starts the entry over as its class's, a new flow of it, else the old
  * class's FPS would go on counting the flow's bytes and the new one's never
- * see it.  One replacing update: an add another CPU makes to the old entry
- * meanwhile is lost, one tally at most, and each CPU's last tally of the old
- * class may move the entry back once, right after the change. */
-static __always_inline void visit(const struct settings *s, struct flow_key *k, __s32 class_id, __u64 bytes,
-				  __u64 packets, __u64 now)
+ * see it.  Only a newer generation moves it (rules_gen): an old class's last
+ * tally, which a CPU settles only when the flow sends there again or loses
+ * the slot, joins the entry where it is, and so do the tallies of one flow
+ * whose packets carry marks of two classes, as before (one entry per flow,
+ * the first class's).  The move is one replacing update: adds other CPUs
+ * make to the replaced entry meanwhile are lost (one tally each), as they
+ * are when the LRU evicts an entry under them. */
+static __always_inline void visit(const struct settings *s, struct flow_memo *m, __u64 bytes, __u64 packets,
+				  __u64 now)
 {
+	struct flow_key *k = &m->key;
 	struct flow_stats *f = flows.lookup(k);
 	struct flow_stats fresh = { .bytes = bytes, .packets = packets, .first_ns = now, .last_ns = now,
-				    .class_id = class_id };
+				    .class_id = m->class_id, .rules_gen = m->gen };
 
-	if (f && f->class_id != class_id) {
+	if (f && f->class_id != m->class_id && (__s32)(m->gen - f->rules_gen) > 0) {
 		if (flows.update(k, &fresh) == 0)
 			note_visit(k, &fresh);
 		return;
@@ -357,15 +363,16 @@ static __always_inline void visit(const struct settings *s, struct flow_key *k, 
 	note_visit(k, f);
 }
 
-/* A tally of at least m = visit_every packets visits whole.  A smaller one
- * (a flow of a few packets an epoch among many on a busy CPU) visits with
- * probability packets / m and then counts m packets (Horvitz-Thompson: its
- * flow's counts stay unbiased), so that the CPU's visits stay under about
- * twice its packets per FLOW_VISIT_NS however many flows share it: a class
- * under 4,000 packets a second per CPU (m = 1) is counted exactly. */
-static __always_inline void settle(const struct settings *s, struct counters *ctr, struct flow_key *k,
-				   __s32 class_id, __u64 bytes, __u32 packets, __u64 now)
+/* The slot m's tally, if at least every = visit_every packets, visits
+ * whole.  A smaller one (a flow of a few packets an epoch among many on a
+ * busy CPU) visits with probability packets / every and then counts every
+ * packets (Horvitz-Thompson: its flow's counts stay unbiased), so that the
+ * CPU's visits stay under about twice its packets per FLOW_VISIT_NS however
+ * many flows share it: a class under 4,000 packets a second per CPU
+ * (every = 1) is counted exactly. */
+static __always_inline void settle(const struct settings *s, struct counters *ctr, struct flow_memo *m, __u64 now)
 {
+	__u64 bytes = m->bytes, packets = m->packets;
 	__u32 every;
 
 	if (!packets || !ctr)
@@ -377,7 +384,7 @@ static __always_inline void settle(const struct settings *s, struct counters *ct
 		bytes = bytes * every / packets;
 		packets = every;
 	}
-	visit(s, k, class_id, bytes, packets, now);
+	visit(s, m, bytes, packets, now);
 }
 
 /* A flow's slot in memos: its words folded, then Fibonacci hashing (the top
@@ -416,7 +423,7 @@ static __always_inline void settle_slot(const struct settings *s, struct flow_me
 
 	if (!m->packets)
 		return;
-	settle(s, counters.lookup(&held), &m->key, m->class_id, m->bytes, m->packets, clock_ns());
+	settle(s, counters.lookup(&held), m, clock_ns());
 	m->packets = 0;
 	m->bytes = 0;
 }

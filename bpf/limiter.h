@@ -269,16 +269,16 @@ struct flow_memo {
 };
 
 /* flows: value.  Created by the program for a sampled new flow, updated on
- * a later visit (limiter.c visit), and copied to flows_visited
- * then; agent/datapath.py reads both (read_flows).
- * bytes/packets count what passed the limiter. */
+ * a later visit (limiter.c visit), started over when the rules move the
+ * flow to another class, and copied to flows_visited then; agent/datapath.py
+ * reads both (read_flows).  bytes/packets count what passed the limiter. */
 struct flow_stats {
 	__u64 bytes;
 	__u64 packets;
 	__u64 first_ns;
 	__u64 last_ns;
 	__u32 class_id;
-	__u32 pad0;
+	__u32 rules_gen;           /* settings.rules_gen class_id was found in (flow_memo.gen) */
 };
 
 /* Key of every per-client map but client_exempt: a client of a class, its address cut to
