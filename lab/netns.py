@@ -37,7 +37,7 @@ from typing import Callable
 from .delay import read_stats
 from .errors import LabError
 from .preflight import netem_available, require_root
-from .topology import RUN, Topology
+from .topology import ANY_RUN, RUN, Topology
 
 STATE_DIR = Path("/run/drl-lab")
 NETNS_DIR = Path("/run/netns")
@@ -226,10 +226,12 @@ def remove_run(run: str) -> None:
 
 
 def leftover_runs() -> dict[str, bool]:
-    """Runs with namespaces or state on this machine -> whether their owner process is alive."""
+    """Runs with namespaces or state on this machine -> whether their owner process is alive.
+    A run of any prefix (a test's, a bench's) is found by its state, which every Lab writes
+    first: a killed pytest leaves its namespaces to ``clean`` too."""
     runs = {ns.split("-", 1)[0] for ns in _namespaces() if RUN.fullmatch(ns.split("-", 1)[0])}
     if STATE_DIR.is_dir():
-        runs |= {d.name for d in STATE_DIR.iterdir() if RUN.fullmatch(d.name)}
+        runs |= {d.name for d in STATE_DIR.iterdir() if ANY_RUN.fullmatch(d.name)}
     return {run: _owner_alive(run) for run in sorted(runs)}
 
 

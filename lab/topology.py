@@ -78,6 +78,7 @@ from .spec import Experiment, Link
 
 PREFIX = "lb"
 RUN = re.compile(rf"{PREFIX}[0-9a-f]{{4}}")
+ANY_RUN = re.compile(r"[a-z]{2}[0-9a-f]{4}")   # tests' and benches' runs too (new_run's prefix)
 CTL_NET = "10.254.0"
 MTU_FRAME = 1514
 IFNAMSIZ = 15
@@ -86,8 +87,11 @@ NO_OFFLOADS = ["tx", "off", "tso", "off", "gso", "off", "gro", "off"]   # ends a
 
 
 def new_run(prefix: str = PREFIX) -> str:
-    """prefix + 4 random hex digits: the unique name prefix of one run."""
-    return prefix + secrets.token_hex(2)
+    """prefix (two letters) + 4 random hex digits: the unique name prefix of one run."""
+    run = prefix + secrets.token_hex(2)
+    if not ANY_RUN.fullmatch(run):
+        raise ValueError(f"a run prefix is two letters a-z, not {prefix!r}")
+    return run
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ def test_interrupted_lab_tears_down():
 
 def test_clean_removes_a_killed_runs_leftovers_and_keeps_live_ones():
     from drl.lab.topology import new_run
-    dead, live = new_run(), new_run()
+    dead, live = new_run("xt"), new_run()    # a test's prefix: found by its state in /run/drl-lab
     victim, survivor = _lab_in_child(dead), _lab_in_child(live)
     try:
         victim.kill()  # SIGKILL: no teardown at all

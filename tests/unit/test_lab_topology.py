@@ -7,7 +7,7 @@ import pytest
 from drl.lab.agents import agent_argv
 from drl.lab.registry import builtin, resolve
 from drl.lab.reader import loads
-from drl.lab.topology import IFNAMSIZ, RUN, new_run, plan
+from drl.lab.topology import ANY_RUN, IFNAMSIZ, RUN, new_run, plan
 from drl.lab.traffic import place
 
 
@@ -25,6 +25,13 @@ def test_every_name_carries_the_run_prefix_and_fits(name, central):
 def test_run_prefix_is_random_and_recognisable():
     runs = {new_run() for _ in range(20)}
     assert len(runs) > 1 and all(RUN.fullmatch(r) for r in runs)
+    assert ANY_RUN.fullmatch(new_run("dp")) and not RUN.fullmatch(new_run("dp"))
+
+
+@pytest.mark.parametrize("prefix", ["", "d", "dpx", "D1", "d-"])
+def test_a_run_prefix_clean_could_not_find_is_refused(prefix):
+    with pytest.raises(ValueError, match="two letters"):
+        new_run(prefix)
 
 
 def test_routes_lead_every_source_to_the_sink():
