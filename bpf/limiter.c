@@ -326,10 +326,11 @@ static __always_inline void note_visit(struct flow_key *k, struct flow_stats *f)
  * see it.  Only a newer generation moves it (rules_gen): an old class's last
  * tally, which a CPU settles only when the flow sends there again or loses
  * the slot, joins the entry where it is, and so do the tallies of one flow
- * whose packets carry marks of two classes, as before (one entry per flow,
- * the first class's).  The move is one replacing update: adds other CPUs
- * make to the replaced entry meanwhile are lost (one tally each), as they
- * are when the LRU evicts an entry under them. */
+ * whose packets carry marks of two classes (one entry per flow: it may go to
+ * the other class at each change of the rules, not at each tally).  The
+ * move is one replacing update: adds other CPUs make to the replaced entry
+ * meanwhile are lost (one tally each), as they are when the LRU evicts an
+ * entry under them. */
 static __always_inline void visit(const struct settings *s, struct flow_memo *m, __u64 bytes, __u64 packets,
 				  __u64 now)
 {
