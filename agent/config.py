@@ -18,6 +18,7 @@ from drl.agent import abi, caps
 from drl.agent.allocators import allocator_class, create
 from drl.agent.allocators.common import ParameterError
 from drl.agent.classes import ClassRule, ClassSpecError, parse_classes
+from drl.agent.classify import ClassifyError, compile_rules
 from drl.agent.clients import ClientRule, ClientRuleError, client_rule
 from drl.agent.membership import liveness_timeout
 from drl.agent.model import Allocator
@@ -59,6 +60,11 @@ class ClassConf:
     @functools.cached_property
     def key(self) -> int:
         return class_key(self.name)
+
+    @property
+    def match_rules(self) -> tuple[ClassRule, ...]:
+        """The rules the datapath gets: no spec is one rule that matches every IP packet."""
+        return self.rules or (ClassRule(),)
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,10 @@ def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]],
     for c in confs:
         if keys.setdefault(c.key, c.name) != c.name:
             raise ConfigError(f"classes {keys[c.key]!r} and {c.name!r} have the same CRC-32; rename one")
+    try:        # the classifier's maps hold the rules (docs/config.md "Limits of the rules"), checked here
+        compile_rules((rule, i) for i, c in enumerate(confs) for rule in c.match_rules)
+    except ClassifyError as e:      # so that a file (up, reload, drlctl import, etcd) is refused as one
+        raise ConfigError(str(e)) from None
     return confs
 
 

@@ -143,7 +143,7 @@ class ClassTable:
 
 def _rules(confs: tuple["ClassConf", ...], slots: dict[str, int]) -> list[tuple[ClassRule, int]]:
     """Every class's match specs with its datapath slot; no spec = every IP packet."""
-    return [(rule, slots[c.name]) for c in confs for rule in c.rules or (ClassRule(),)]
+    return [(rule, slots[c.name]) for c in confs for rule in c.match_rules]
 
 
 class StateFileError(Exception):

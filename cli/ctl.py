@@ -79,9 +79,18 @@ def set_limit(socket_path: str, class_name: str, global_rate: str) -> None:
         parse_rate(global_rate)
     except UnitError as e:
         raise click.BadParameter(str(e), param_hint="--global") from None
-    reply = ask(socket_path, "set", **{"class": class_name, "global": global_rate})
-    click.echo(f"{reply['class']}: global {format_rate(reply['global_limit_bps'] / 8)} "
-               f"(version {reply['limit_version']}); the other agents follow within a few intervals")
+    click.echo(render_set(ask(socket_path, "set", **{"class": class_name, "global": global_rate})))
+
+
+def render_set(reply: dict) -> str:
+    """The set reply as a line.  With a registry no version is given: the change is etcd's to
+    order, and every agent, this one too, applies it from etcd's watch (docs/registry.md)."""
+    head = f"{reply['class']}: global {format_rate(reply['global_limit_bps'] / 8)}"
+    if reply.get("registry") == "queued":
+        return f"{head}; registry: queued, every agent applies it from etcd within a few intervals"
+    if reply.get("registry") == "pending":
+        return f"{head}; registry: pending, etcd is unreachable: written when it is back (lost if the agent restarts)"
+    return f"{head} (version {reply['limit_version']}); the other agents follow within a few intervals"
 
 
 @main.command()

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from drl.agent.control import ControlError, request
+from drl.cli.ctl import render_set
 from drl.lab.agents import installed
 from drl.lab.etcd import Etcd
 from drl.lab.measure import sink_rate_bps
@@ -112,7 +113,7 @@ def test_limit_holds_while_etcd_is_down_and_a_change_made_meanwhile_lands(fleet)
     t0 = time.monotonic()
     down = sink_rate_bps(sink, 18)      # most of a 20-s outage
     reply = request(agents[0].socket, "set", timeout_s=3.0, **{"class": "default", "global": "6mbit"})
-    assert reply["registry"] == "pending", reply
+    assert reply["registry"] == "pending" and "registry: pending" in render_set(reply), reply
     for a in agents:
         st = a.status()
         assert st["registry"]["state"] == "unreachable" and members(st) == 3, (st["registry"], st["peers"])

@@ -105,6 +105,9 @@ def test_reload_reads_the_file_again_with_the_flags_on_top(tmp_path):
     ('[[class]]\nname = "x"\n', ":1:", "missing global"),
     ('[agent]\niface = "lo"\nnode_id = "a"\n[[class]]\nname = "x"\nglobal = "1mbit"\nmatch = ["dst=nowhere"]\n',
      "class 'x'", "not an address"),
+    ('[agent]\niface = "lo"\nnode_id = "a"\n' + "".join(f'[[class]]\nname = "c{p}"\nglobal = "1mbit"\n'
+                                                     f'match = ["dport={p + 1}"]\n' for p in range(9)),
+     "prefix any: 9 rules", "at most 8"),
     ('[agent\n', "drl.toml", "line 1"),
     ('[tenant]\n', "drl.toml", "unknown table [tenant]"),
 ])

@@ -17,6 +17,7 @@ from drl.agent.model import Mode
 from drl.agent.registry import Registry, RegistryConfig, import_classes
 from drl.agent.wire import decode
 from drl.cli.agent import up
+from drl.cli.ctl import render_set
 from drl.lab.etcd import Etcd
 
 CLASS_ID = 0                      # the datapath slot of the first class
@@ -508,6 +509,8 @@ def test_members_classes_and_limits_follow_a_real_etcd(tmp_path):
             assert a.book.get("gold").global_Bps == 20e6 / 8
             reply = a.set_limit({"class": "default", "global": "5mbit"})
             assert reply["ok"] and reply["registry"] == "queued", reply
+            assert render_set(reply) == ("default: global 5 Mbit/s; registry: queued, every agent applies it "
+                                         "from etcd within a few intervals")       # no version: etcd orders it
             follow(a, lambda: a.book.get("default").global_Bps == 5e6 / 8)   # from etcd, like every agent
             # whole: an agent without a class of that name starts this one, not a match-all
             assert b.view().classes["default"] == {"name": "default", "global": "5mbit", "allocator": "fps",

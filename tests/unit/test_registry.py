@@ -155,6 +155,16 @@ def test_import_refuses_a_bad_file_with_its_line(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_import_refuses_rules_the_datapath_cannot_hold_before_it_writes(tmp_path):
+    """9 port-only classes share the prefix "any", which holds 8 rules: every agent would refuse
+    them, so import does too, before it asks etcd (none listens at :1)."""
+    path = tmp_path / "drl.toml"
+    path.write_text("".join(f'[[class]]\nname = "c{p}"\nglobal = "1mbit"\nmatch = ["dport={p + 1}"]\n' for p in range(9)))
+    result = CliRunner().invoke(ctl_main, ["import", str(path), "--registry", "etcd://127.0.0.1:1", "--cluster", "t"])
+    assert result.exit_code == 1 and "9 rules" in result.output and "at most 8" in result.output, result.output
+    assert "etcd" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
 def test_import_of_an_unreachable_etcd_is_one_line(tmp_path):
     path = tmp_path / "drl.toml"
     path.write_text('[[class]]\nname = "gold"\nglobal = "50mbit"\n')
