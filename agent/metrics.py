@@ -281,7 +281,7 @@ def class_metrics(classes: list[dict]) -> Iterator[Metric]:
 
 def peer_metrics(peers: list[dict]) -> Iterator[Metric]:
     lab = ["peer", "address"]
-    up = GaugeMetricFamily("drl_peer_up", "1 while the peer is alive, 0 when stale", labels=lab)
+    up = GaugeMetricFamily("drl_peer_up", "1 while the peer is alive, 0 when stale or lost", labels=lab)
     seen = GaugeMetricFamily("drl_peer_last_seen_seconds",
                              "Seconds since the peer's last accepted datagram, at the last tick "
                              "(absent until first heard)", labels=lab)

@@ -112,7 +112,7 @@ def list_() -> None:
 
 @main.command()
 def clean() -> None:
-    """Remove namespaces, processes and state left by lab runs that died (prefix lb....)."""
+    """Remove namespaces, processes and state left by lab, test and bench runs that died."""
     from drl.lab.netns import clean as clean_leftovers
     from drl.lab.preflight import require_root
 
