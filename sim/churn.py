@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from drl.agent.allocators.gdrl import PARTS
 from drl.agent.allocators.graph import Graph
 from drl.agent.units import parse_rate
 
@@ -121,10 +122,11 @@ def simulate(allocator: str, churn: Churn, opts: Options) -> dict:
 
 def _conservation(sim: Simulation) -> dict:
     """GDRL at the end: the live nodes' accountable capacity (holding + in flight) and C."""
-    held = [d.info["accountable_Bps"] for d in sim.decisions if d is not None and "accountable_Bps" in d.info]
+    held = [d.info["accountable_parts"] for d in sim.decisions if d is not None and "accountable_parts" in d.info]
     if not held:
         return {}
-    return {"accountable_sum_final_Bps": int(sum(held)), "capacity_Bps": int(round(GLOBAL_Bps))}
+    return {"accountable_sum_final_Bps": int(round(sum(held) * GLOBAL_Bps / PARTS)),
+            "accountable_sum_final_parts": sum(held), "capacity_Bps": int(round(GLOBAL_Bps))}
 
 
 def _counting(members: np.ndarray, sim: Simulation, progress):
@@ -151,7 +153,7 @@ def run(opts: Options) -> dict:
                        **{f"{r['allocator']}_max_error": r["max_error"] for r in rows},
                        "gdrl_sum_of_limits_at_most_limit": all(r["limit_sum_over_limit_max"] <= 1.0
                                                                for r in rows if r["allocator"] == "gdrl"),
-                       "gdrl_conserved_exactly_at_end": all(r["accountable_sum_final_Bps"] == r["capacity_Bps"]
+                       "gdrl_conserved_exactly_at_end": all(r["accountable_sum_final_parts"] == PARTS
                                                             for r in rows if r["allocator"] == "gdrl")}}
 
 

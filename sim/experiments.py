@@ -62,8 +62,9 @@ def _module(name: str):
 def run(name: str, opts: Options) -> dict:
     """Run experiment ``name``; writes ``opts.out/result.json`` and its PNGs."""
     module = _module(name)
-    if opts.limiters is not None and opts.limiters < 2:
-        raise ExperimentError(f"--limiters must be at least 2, got {opts.limiters}")
+    least = getattr(module, "MIN_LIMITERS", 2)
+    if opts.limiters is not None and opts.limiters < least:
+        raise ExperimentError(f"--limiters must be at least {least} for {name}, got {opts.limiters}")
     try:
         opts.out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -9,12 +9,14 @@ spare bandwidth q_i = lambda_i - C_i (eq. 14), eta = 1/(2d) (eq. 15), random
 d-regular graphs with d = 2, 4, 8 and N = 10, 100, 1,000.  The arrival
 estimate is agent.estimator's EWMA (0.9 kept per 1 s tick; the paper's
 per-slot low-pass alpha = 1e-3).  Plotted: JFI(q(t)) per (N, d).  Checked:
-sum of every node's accountable capacity (holding + in flight) == C exactly.
+sum of every node's accountable capacity (holding + in flight) == C exactly, in
+parts of C (agent/allocators/gdrl.py PARTS).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from drl.agent.allocators.gdrl import PARTS
 from drl.agent.allocators.graph import Graph
 
 from .engine import Setup, Simulation
@@ -27,6 +29,7 @@ SUMMARY = {"gdrl-graphs": "[Stanojevic09] Fig. 7: GDRL JFI(q) on random d-regula
 DEFAULT_LIMITERS = {"gdrl-graphs": 1000}
 SIZES = (10, 100, 1000)
 DEGREES = (2, 4, 8)
+MIN_LIMITERS = 3            # a d-regular graph needs d < N, and the smallest d is 2
 TICKS = 100
 INTERVAL_S = 1.0
 PEAK_Bps = 2e6
@@ -42,10 +45,11 @@ def simulate(n: int, d: int, opts: Options) -> dict:
     sim = Simulation(setup, PoissonDemand(lam, n, np.random.default_rng([opts.seed, n, d])))
     trace = sim.run(TICKS, progress=opts.progress.task(f"gdrl N={n} d={d}"))
     jfi = [jain(trace.published[k]) for k in range(TICKS)]
-    held = sum(int(dec.info["accountable_Bps"]) for dec in sim.decisions)
+    held = sum(dec.info["accountable_parts"] for dec in sim.decisions)      # exact: ints
     return {"limiters": n, "degree": d, "jfi": jfi, "jfi_final": jfi[-1],
             "ticks_to_jfi_0.99": ticks_to(jfi, 0.99),
-            "capacity_Bps": int(round(capacity)), "accountable_sum_Bps": held,
+            "capacity_Bps": int(round(capacity)), "accountable_sum_Bps": int(round(held * capacity / PARTS)),
+            "accountable_sum_parts": held,
             "limit_sum_final_Bps": float(trace.limit_sum_Bps[-1])}
 
 
@@ -66,4 +70,4 @@ def run(opts: Options) -> dict:
             "rows": rows,
             "claims": {"paper": "JFI(q) converges close to 1 for every N and d; with eta = 1/(2d) the "
                                 "speed is nearly the same for d = 2, 4, 8",
-                       "conserved_exactly": all(r["accountable_sum_Bps"] == r["capacity_Bps"] for r in rows)}}
+                       "conserved_exactly": all(r["accountable_sum_parts"] == PARTS for r in rows)}}

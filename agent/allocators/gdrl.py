@@ -12,7 +12,17 @@ That is the update of Fig. 1 line 4 / eq. 7, C_i += eta * sum_j (q_i - q_j),
 split into its per-edge terms and carried out by the giver, which is the
 asynchronous pairwise form of the Appendix (Theorem 2): a lost message delays
 one edge's term, it never creates or destroys capacity.  ``sum C_i + in
-flight == C`` exactly (integer B/s, see transfer.py for the proof).
+flight == C`` exactly (see transfer.py for the proof).
+
+Capacity is held and moved as integer *parts* of the global limit
+(:data:`PARTS` of them make C), not as B/s: a node enforces its parts times
+the global limit it knows now.  So a change of the limit (``drlctl set``, a
+reload, etcd) rescales every node's limit on its next tick, with no
+transfer, and transfers in flight keep their meaning across it; a ledger in
+B/s would keep enforcing shares of the old limit for good.  The edge terms
+are computed in B/s (the indicators compare demand with capacity) and
+converted; ``info`` gives both (``capacity_Bps``, ``accountable_Bps``; the
+exact ``accountable_parts``).
 
 Indicators (:data:`INDICATORS`) must decrease as capacity grows (Assumption 1):
 
@@ -77,6 +87,9 @@ from .common import ParameterError, check_range
 from .graph import Graph
 from .transfer import (Ledger, claim_endowments, follow_members, heir_watch, is_alive, link_info, owed_amount,
                        receive, retransmit, return_endowments, send, settle_failed, share, start_elsewhere)
+
+
+PARTS = 10**9       # C in ledger units: 12.5 B/s a part at 100 Gbit/s, finer below
 
 
 class EtaAboveBoundError(ParameterError):
@@ -180,8 +193,9 @@ class Gdrl:
 
 def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     """One GDRL round: follow the members, apply the inbox, handle failures and
-    returns, give to worse-off neighbours."""
-    total = int(round(snap.global_Bps))
+    returns, give to worse-off neighbours.  Amounts are parts of C (module docstring)."""
+    total = PARTS
+    Bps = max(0.0, snap.global_Bps) / PARTS     # one part, now
     founder = not state.rejoined and state.node_id in state.genesis
     led = state.ledger or _first_ledger(state, founder, total, snap, alloc.dead_after_s)
     watch = heir_watch(state.genesis, state.node_id, snap.view, alloc.dead_after_s)
@@ -198,7 +212,7 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     # A share we owe a member that came back is set aside: not enforced, not given away,
     # and our indicator shows its absence, so the neighbours fill it up and we can pay.
     reserved = owed_amount(led, state.genesis, total, snap.view, alloc.dead_after_s)
-    q_own = ind.value(demand, led.holding - reserved)
+    q_own = ind.value(demand, (led.holding - reserved) * Bps)
     neighbours = sorted((set(state.neighbours) | set(led.links)) - led.closed)
     # joiners open links to us beyond the graph's degree: eta stays under 1/(2d) of the
     # degree we have now (eq. 15), or a node many joined would give away more than it holds
@@ -206,7 +220,7 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     out: list[Envelope] = list(acks) + list(returns)
     sent_to = []
     for peer in neighbours:
-        amount = _pairwise_amount(led.holding - reserved, snap, peer, q_own, eta * ind.slope(demand))
+        amount = _pairwise_amount(led.holding - reserved, snap, peer, q_own, eta * ind.slope(demand), Bps)
         if amount > 0 or (state.rounds == 0 and not founder):  # a (re)joiner's hello opens the link
             led, env = send(led, peer, amount)
             out.append(env)
@@ -214,15 +228,16 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     out.extend(retransmit(led, sent_to, snap.view))
     usable = max(0, led.holding - reserved)
 
-    info: dict[str, Any] = {"indicator": alloc.indicator, "q": q_own, "eta": eta, "capacity_Bps": usable,
-                            "accountable_Bps": led.accountable, "claimed": sorted(led.claimed),
-                            "owed": sorted(led.owed), "rejoined": state.rejoined, "returned_Bps": state.returned,
-                            "neighbours": link_info(led, snap.view, unit="_Bps")}
+    info: dict[str, Any] = {"indicator": alloc.indicator, "q": q_own, "eta": eta, "capacity_Bps": usable * Bps,
+                            "accountable_Bps": led.accountable * Bps, "accountable_parts": led.accountable,
+                            "claimed": sorted(led.claimed), "owed": sorted(led.owed), "rejoined": state.rejoined,
+                            "returned_Bps": state.returned * Bps,
+                            "neighbours": link_info(led, snap.view, unit="_Bps", scale=Bps)}
     if alloc.indicator == "fillratio":
         info["fill_ratio"] = -q_own
     if state.eta > _bound(len(state.neighbours)):
         info["warning"] = f"eta {state.eta:g} above the 1/(2d) bound (forced)"
-    decision = Decision(mode=Mode.BUCKET, limit_Bps=float(usable), publish=q_own, info=info)
+    decision = Decision(mode=Mode.BUCKET, limit_Bps=usable * Bps, publish=q_own, info=info)
     return Step(state=dataclasses.replace(state, ledger=led, rounds=state.rounds + 1),
                 decision=decision, outbox=tuple(out))
 
@@ -257,12 +272,12 @@ def _bound(degree: int) -> float:
     return 1.0 / (2 * max(1, degree))
 
 
-def _pairwise_amount(usable: int, snap: Snapshot, peer: str, q_own: float, gain_Bps: float) -> int:
-    """The edge term eta * slope * (q_j - q_i), paid by this node when positive and
-    never more than it may use (so no limit goes negative)."""
-    if not is_alive(snap.view, peer):
+def _pairwise_amount(usable: int, snap: Snapshot, peer: str, q_own: float, gain_Bps: float, Bps: float) -> int:
+    """The edge term eta * slope * (q_j - q_i) in parts of ``Bps`` B/s, paid by this node
+    when positive and never more than it may use (so no limit goes negative)."""
+    if not is_alive(snap.view, peer) or Bps <= 0:
         return 0
     diff = snap.view.peers[peer].value - q_own
     if diff <= 0:
         return 0
-    return max(0, min(usable, int(gain_Bps * diff)))
+    return max(0, min(usable, int(gain_Bps * diff / Bps)))

@@ -1,8 +1,8 @@
 """Acknowledged pairwise transfers with link counters: the conservation core of GDRL,
 fill ratio and DQMP.
 
-A node's :class:`Ledger` is what it holds (a rate in B/s, or free quota in
-bytes, always a Python int so sums are exact) plus one :class:`Link` per peer::
+A node's :class:`Ledger` is what it holds (parts of a rate, gdrl.PARTS the
+whole, or free quota in bytes; always a Python int so sums are exact) plus one :class:`Link` per peer::
 
     >>> led = Ledger(holding=100)
     >>> led, env = send(led, "b", 30)          # giver debits on send
@@ -59,7 +59,7 @@ whatever is lost, duplicated or reordered.  A crashed node takes exactly its H
 with it, which equals its endowment (its genesis share plus what it inherited);
 :func:`claim_endowments` gives that to one designated heir, so the sum is whole
 again (tests/unit/netharness.py adds it up; ``drlctl status`` shows each
-node's ``accountable_Bps``).
+node's ``accountable_Bps`` and, exact, ``accountable_parts``).
 """
 from __future__ import annotations
 
@@ -395,11 +395,12 @@ def return_endowments(led: Ledger, genesis: tuple[str, ...], total: int, view: P
     return dataclasses.replace(led, owed=frozenset(owed)), tuple(out)
 
 
-def link_info(led: Ledger, view: PeerView, unit: str = "") -> dict[str, dict[str, Any]]:
-    """Per-peer counters for ``drlctl status``; ``unit`` suffixes the amounts' keys
-    (``"_Bps"`` for a rate, which the status shows in bits/s)."""
-    return {peer: {"alive": is_alive(view, peer), f"net{unit}": led.net(link), f"sent_total{unit}": link.sent_total,
-                   f"applied_total{unit}": link.applied_total, "unacked": link.unacked}
+def link_info(led: Ledger, view: PeerView, unit: str = "", scale: float = 1) -> dict[str, dict[str, Any]]:
+    """Per-peer counters for ``drlctl status``, times ``scale``; ``unit`` suffixes the amounts'
+    keys (``"_Bps"`` for a rate, which the status shows in bits/s)."""
+    return {peer: {"alive": is_alive(view, peer), f"net{unit}": led.net(link) * scale,
+                   f"sent_total{unit}": link.sent_total * scale, f"applied_total{unit}": link.applied_total * scale,
+                   "unacked": link.unacked}
             for peer, link in sorted(led.links.items())}
 
 

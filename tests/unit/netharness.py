@@ -145,13 +145,14 @@ class Net:
         self.cut = set()
 
 
-def diffusion_accounted(net: Net, total: int) -> int:
-    """GDRL / fill ratio accounting: the live nodes' accountable amounts plus the
-    genesis share of every failed node that no live node has inherited yet.
-    transfer.py shows this is exactly ``total`` after every tick."""
+def diffusion_accounted(net: Net) -> int:
+    """GDRL / fill ratio accounting, in parts of C: the live nodes' accountable amounts plus
+    the genesis share of every failed node that no live node has inherited yet.
+    transfer.py shows this is exactly gdrl.PARTS after every tick."""
+    from drl.agent.allocators.gdrl import PARTS
     from drl.agent.allocators.transfer import share
     live = [net.state[m] for m in net.live if net.state[m].ledger is not None]
     claimed = set().union(*(s.ledger.claimed for s in live))
     genesis = net.genesis
-    waiting = sum(share(total, genesis, d) for d in net.crashed if d in genesis and d not in claimed)
+    waiting = sum(share(PARTS, genesis, d) for d in net.crashed if d in genesis and d not in claimed)
     return sum(s.ledger.accountable for s in live) + waiting

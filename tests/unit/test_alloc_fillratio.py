@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators import create
+from drl.agent.allocators.gdrl import PARTS
 from drl.agent.model import Local
 
 from netharness import Net, diffusion_accounted
@@ -20,7 +21,7 @@ def _net(alloc=None, **kw):
 
 
 def _ratios(net, nodes):
-    return [net.state[m].ledger.holding / DEMAND[m] for m in nodes]
+    return [net.decision[m].limit_Bps / DEMAND[m] for m in nodes]
 
 
 def test_supply_follows_demand_on_the_ring():
@@ -32,7 +33,7 @@ def test_supply_follows_demand_on_the_ring():
     ratios = _ratios(net, MEMBERS)
     assert max(ratios) / min(ratios) < 1.02
     assert net.decision["a"].info["fill_ratio"] == pytest.approx(ratios[0], rel=1e-6)
-    assert diffusion_accounted(net, R) == R
+    assert diffusion_accounted(net) == PARTS
 
 
 def test_joining_node_starts_at_zero_and_gets_supply_from_two_random_neighbours():
@@ -46,9 +47,9 @@ def test_joining_node_starts_at_zero_and_gets_supply_from_two_random_neighbours(
     net.run(1)
     assert net.state["g"].ledger.holding == 0
     net.run(200)
-    assert net.state["g"].ledger.holding > 500_000
+    assert net.decision["g"].limit_Bps > 500_000
     assert set(net.state["g"].ledger.links) == set(state.neighbours)
-    assert diffusion_accounted(net, R) == R
+    assert diffusion_accounted(net) == PARTS
 
 
 @settings(max_examples=20, deadline=None)
@@ -62,14 +63,14 @@ def test_netsplit_shorter_than_dead_after_creates_no_supply(side, start, length,
     net.partition(side)
     for _ in range(length):
         net.tick()
-        assert diffusion_accounted(net, R) == R
+        assert diffusion_accounted(net) == PARTS
     net.heal()
     net.loss = 0.0
     net.run(30)
-    assert diffusion_accounted(net, R) == R
+    assert diffusion_accounted(net) == PARTS
     assert all(not s.ledger.claimed and not s.ledger.closed for s in net.state.values())
     links = [link for s in net.state.values() for link in s.ledger.links.values()]
-    assert sum(s.ledger.holding for s in net.state.values()) + sum(l.net for l in links) == R
+    assert sum(s.ledger.holding for s in net.state.values()) + sum(l.net for l in links) == PARTS
 
 
 def test_best_buddy_inherits_and_supply_is_rebalanced():
@@ -81,4 +82,4 @@ def test_best_buddy_inherits_and_supply_is_rebalanced():
     net.run(150)
     ratios = _ratios(net, net.live)
     assert max(ratios) / min(ratios) < 1.05
-    assert diffusion_accounted(net, R) == R
+    assert diffusion_accounted(net) == PARTS

@@ -20,12 +20,13 @@ from hypothesis import given, settings, strategies as st
 from drl.agent.allocators import create
 from drl.agent.allocators.common import peer_view
 from drl.agent.allocators.dqmp import accountable
+from drl.agent.allocators.gdrl import PARTS
 from drl.agent.allocators.transfer import share
 from drl.agent.model import Envelope, LeaseGrant, LeaseRequest, Local, PeerState, Snapshot
 
 from netharness import Net
 
-TOTAL = 6_000_000
+TOTAL = 6_000_000                 # B/s; GDRL's ledgers hold it as PARTS
 FOUNDERS = [f"m{i}" for i in range(6)]
 DEAD_AFTER_S = 3.0
 
@@ -103,14 +104,14 @@ def _live_sums(net):
 
 def _assert_at_most_total(net):
     accountable, holding = _live_sums(net)
-    assert accountable <= TOTAL and holding <= TOTAL
+    assert accountable <= PARTS and holding <= PARTS
 
 
 def _down_unclaimed(net):
     """Genesis shares still with a down member: no live node has inherited them."""
     claimed = set().union(*(net.state[m].ledger.claimed for m in net.live if net.state[m].ledger))
     down = (set(net.crashed) | net.gone) & set(net.genesis)
-    return sum(share(TOTAL, net.genesis, d) for d in down - claimed)
+    return sum(share(PARTS, net.genesis, d) for d in down - claimed)
 
 
 def _settle(net, ticks=40):
@@ -199,11 +200,11 @@ def test_every_change_settles_back_to_exactly_c(name, seed, loss, episodes):
         net.run(10, _assert_at_most_total)
         _settle(net)
         accountable, _ = _live_sums(net)
-        assert accountable + _down_unclaimed(net) == TOTAL
+        assert accountable + _down_unclaimed(net) == PARTS
         for m in net.live:
             st_ = net.state[m]
             if st_.rejoined:     # its share back, and those of the down members behind it
-                assert st_.returned >= share(TOTAL, st_.genesis, m) and not st_.ledger.elsewhere
+                assert st_.returned >= share(PARTS, st_.genesis, m) and not st_.ledger.elsewhere
 
 
 def test_restarted_node_gets_its_share_back_and_the_sum_never_exceeds_c():
@@ -217,11 +218,11 @@ def test_restarted_node_gets_its_share_back_and_the_sum_never_exceeds_c():
     assert "m2" in net.state["m3"].ledger.claimed             # m2's best friend inherited
     net.restart("m2")
     net.run(1, _assert_at_most_total)
-    assert net.state["m2"].rejoined and net.state["m2"].ledger.holding <= share(TOTAL, net.genesis, "m2")
+    assert net.state["m2"].rejoined and net.state["m2"].ledger.holding <= share(PARTS, net.genesis, "m2")
     net.run(30, _assert_at_most_total)
-    assert net.state["m2"].returned == share(TOTAL, net.genesis, "m2")
+    assert net.state["m2"].returned == share(PARTS, net.genesis, "m2")
     assert "m2" not in net.state["m3"].ledger.claimed
-    assert _live_sums(net)[0] == TOTAL
+    assert _live_sums(net)[0] == PARTS
 
 
 def test_leave_is_inherited_at_once_and_a_fast_restart_by_its_incarnation():
@@ -229,13 +230,13 @@ def test_leave_is_inherited_at_once_and_a_fast_restart_by_its_incarnation():
     net.run(10)
     net.leave("m4")
     net.run(1)
-    assert "m4" in net.state["m5"].ledger.claimed and _live_sums(net)[0] == TOTAL
+    assert "m4" in net.state["m5"].ledger.claimed and _live_sums(net)[0] == PARTS
     net.restart("m1")                       # no silence at all: only its incarnation changed
     net.run(1, _assert_at_most_total)
     link = net.state["m2"].ledger.links["m1"]              # m2 inherited m1's old life and returned its share
-    assert link.rep_sent == share(TOTAL, net.genesis, "m1") and "m1" not in net.state["m2"].ledger.claimed
+    assert link.rep_sent == share(PARTS, net.genesis, "m1") and "m1" not in net.state["m2"].ledger.claimed
     net.run(20, _assert_at_most_total)
-    assert net.state["m1"].returned == share(TOTAL, net.genesis, "m1") and _live_sums(net)[0] == TOTAL
+    assert net.state["m1"].returned == share(PARTS, net.genesis, "m1") and _live_sums(net)[0] == PARTS
 
 
 def test_a_share_inherited_twice_over_follows_its_best_friend_back():
@@ -250,7 +251,7 @@ def test_a_share_inherited_twice_over_follows_its_best_friend_back():
     assert net.state["m2"].ledger.claimed == {"m1"} and "m1" not in net.state["m3"].ledger.claimed
     net.leave("m3")
     net.run(30, _assert_at_most_total)
-    assert _live_sums(net)[0] == TOTAL
+    assert _live_sums(net)[0] == PARTS
 
 
 def test_joiner_that_leaves_gives_back_what_it_was_given():
@@ -259,10 +260,10 @@ def test_joiner_that_leaves_gives_back_what_it_was_given():
     net.add("j0", _joiner("gdrl", 3))
     net.local["j0"] = Local(demand_Bps=2_000_000.0)
     net.run(60)
-    assert net.state["j0"].ledger.holding > 100_000
+    assert net.decision["j0"].limit_Bps > 100_000
     net.leave("j0")
     net.run(1)
-    assert _live_sums(net)[0] == TOTAL
+    assert _live_sums(net)[0] == PARTS
 
 
 # -- DQMP ---------------------------------------------------------------------------------------

@@ -535,3 +535,17 @@ def test_an_agent_that_cannot_reach_etcd_at_start_does_not_start(tmp_path):
     with pytest.raises(StartupError, match="no view of the cluster from etcd .*connection refused.*knows neither"):
         agent(cfg, dp)
     assert not dp.attached and not (tmp_path / "ctl.sock").exists()     # nothing left behind
+
+
+@pytest.mark.parametrize("allocator", ["gdrl", "fillratio"])
+def test_a_diffusion_class_enforces_a_live_set_on_the_next_tick(tmp_path, allocator):
+    """Its ledger holds parts of the global limit: a lone agent enforced the old one for good."""
+    dp = FakeDatapath()
+    with agent(config(tmp_path, "--global", "20mbit", "--allocator", allocator), dp) as a:
+        t0 = time.monotonic()
+        a.tick(t0)
+        assert dp.classes[CLASS_ID][1]["rate_Bps"] == pytest.approx(2.5e6)
+        for k, (rate, Bps) in enumerate((("10mbit", 1.25e6), ("40mbit", 5e6))):
+            assert a.set_limit({"class": "default", "global": rate})["ok"]
+            a.tick(t0 + 1 + k)
+            assert dp.classes[CLASS_ID][1]["rate_Bps"] == pytest.approx(Bps)

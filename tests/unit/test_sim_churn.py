@@ -5,6 +5,7 @@ import json
 
 from click.testing import CliRunner
 
+from drl.agent.allocators.gdrl import PARTS
 from drl.cli.sim import main
 from drl.sim.churn import plan
 
@@ -33,5 +34,5 @@ def test_churn_at_40_limiters_stays_within_5_percent(tmp_path):
         assert len(row["series"]["aggregate_bps"]) == len(row["series"]["members"]) == 80
     assert result["claims"]["fps_within_5pct"] and result["claims"]["gdrl_within_5pct"]
     gdrl = rows["gdrl"]     # sum C_i <= C at every tick, and exactly C (with what is in flight) at the end
-    assert gdrl["limit_sum_over_limit_max"] <= 1.0 and gdrl["accountable_sum_final_Bps"] == gdrl["capacity_Bps"]
+    assert gdrl["limit_sum_over_limit_max"] <= 1.0 and gdrl["accountable_sum_final_parts"] == PARTS
     assert (tmp_path / "churn.png").stat().st_size > 10_000

@@ -6,6 +6,7 @@ import pytest
 
 from drl.agent.allocators import allocator_class, create
 from drl.agent.allocators.dqmp import accountable
+from drl.agent.allocators.gdrl import PARTS
 from drl.agent.allocators.graph import Graph
 from drl.agent.units import parse_rate
 from drl.sim.engine import Setup, Simulation
@@ -66,7 +67,7 @@ def test_gdrl_conserves_the_sum_of_capacities_exactly():
     sim = Simulation(setup, PoissonDemand(lam, n, np.random.default_rng(3)))
     for _ in range(6):
         sim.run(10)
-        assert sum(int(d.info["accountable_Bps"]) for d in sim.decisions) == int(round(capacity))
+        assert sum(d.info["accountable_parts"] for d in sim.decisions) == PARTS
 
 
 def test_dqmp_accounts_for_all_quota_after_crashes():

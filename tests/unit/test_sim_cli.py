@@ -38,3 +38,10 @@ def test_bad_output_directory_is_one_line(tmp_path):
     out = CliRunner().invoke(main, ["run", "gdrl-graphs", "-n", "10", "--out", str(blocker / "sub"), "-q"])
     assert out.exit_code == 1
     assert out.output.startswith("error: cannot create output directory") and out.output.count("\n") == 1
+
+
+def test_too_few_limiters_for_an_experiment_is_one_line(tmp_path):
+    """gdrl-graphs' smallest graph is 2-regular: N = 2 had no graph, and plotting none crashed."""
+    out = CliRunner().invoke(main, ["run", "gdrl-graphs", "-n", "2", "--out", str(tmp_path / "o"), "-q"])
+    assert out.exit_code == 1 and out.output == "error: --limiters must be at least 3 for gdrl-graphs, got 2\n"
+    assert not (tmp_path / "o").exists()
