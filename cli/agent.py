@@ -25,7 +25,7 @@ from drl.agent.allocators import names as allocator_names
 from drl.agent.control import DEFAULT_SOCKET, ControlError, request
 from drl.agent import logs
 from drl.cli import configfile
-from drl.cli.params import CLIENT_KEY, DURATION, PREFIX, PROBABILITY, QUOTA, RATE, SIZE, SPAN, THRESHOLD, version_option
+from drl.cli.params import CLIENT_KEY, DURATION, PREFIX, PROBABILITY, QUOTA, RATE, SIZE, SPAN, THRESHOLD, envvars_by_flag, version_option
 
 DEFAULT_PORT = 7470
 
@@ -217,3 +217,6 @@ def down(socket_path: str) -> None:
     except ControlError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"agent on {socket_path} is stopping")
+
+
+envvars_by_flag(main, "DRL")

@@ -20,7 +20,7 @@ import click
 
 from drl.agent.control import DEFAULT_SOCKET, ControlError, request
 from drl.agent.units import UnitError, format_rate, format_size, parse_rate
-from drl.cli.params import version_option
+from drl.cli.params import envvars_by_flag, version_option
 from drl.cli.top import top
 
 
@@ -265,3 +265,4 @@ def checked_class_tables(path: str) -> list[dict]:
 
 
 main.add_command(top)
+envvars_by_flag(main, "DRL")      # DRL_SOCKET, as --help says

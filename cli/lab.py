@@ -19,7 +19,7 @@ import click
 
 from drl.agent.allocators import names as allocator_names
 from drl.agent.units import format_rate
-from drl.cli.params import DURATION, require_extra, version_option
+from drl.cli.params import DURATION, envvars_by_flag, require_extra, version_option
 from drl.lab.errors import LabError
 
 DEMO_PREFERENCE = ("fps", "grd", "gdrl", "static")  # the best distributed allocator this build has
@@ -194,3 +194,6 @@ def render(summary: dict) -> str:
     width = max(len(label) for label, _ in rows) + 2
     head = f"{summary['experiment']:<{width}}" + "".join(f"{r['allocator']:>16}" for r in runs)
     return "\n".join([head] + [f"{label:<{width}}" + "".join(f"{v:>16}" for v in vals) for label, vals in rows])
+
+
+envvars_by_flag(main, "DRL_LAB")

@@ -21,6 +21,23 @@ def version_option(command):
     return click.version_option(package_name="drl", message="%(prog)s %(version)s")(command)
 
 
+def envvars_by_flag(group: click.Group, prefix: str) -> None:
+    """Each option's environment variable is named after its long flag under ``prefix`` and
+    the command (DRL_UP_GLOBAL for ``drl-agent up --global``, DRL_SOCKET for ``drlctl
+    --socket``), as docs/config.md says.  click's auto_envvar_prefix names it after the
+    parameter instead (DRL_UP_GLOBAL_BPS), which still works.  Call once every command
+    is added."""
+    def walk(command: click.Command, pre: str) -> None:
+        for p in command.params:
+            flags = [o for o in p.opts if o.startswith("--")] if isinstance(p, click.Option) else []
+            if flags and p.envvar is None and p.name:
+                by_flag = f"{pre}_{flags[0][2:].replace('-', '_').upper()}"
+                p.envvar = [by_flag, f"{pre}_{p.name.upper()}"] if by_flag != f"{pre}_{p.name.upper()}" else by_flag
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{pre}_{name.replace('-', '_').upper()}")
+    walk(group, prefix)
+
+
 def require_extra(extra: str, *modules: str) -> None:
     """One line instead of an ImportError when an optional extra is not installed."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]

@@ -104,6 +104,23 @@ def test_a_key_or_insecure_is_required_with_peers_but_not_alone(as_root, started
     assert started[0].standalone and started[0].key is None
 
 
+def test_environment_variables_are_named_after_the_long_flags(as_root, started, tmp_path, monkeypatch):
+    """docs/config.md: DRL_UP_* named after the flag (click named them after the parameter:
+    DRL_UP_GLOBAL_BPS, which still works); drlctl --help: DRL_SOCKET."""
+    monkeypatch.setenv("DRL_UP_GLOBAL", "7mbit")
+    monkeypatch.setenv("DRL_UP_SOCKET", str(tmp_path / "a.sock"))
+    monkeypatch.setenv("DRL_UP_INTERVAL", "50ms")
+    assert up("--iface", "lo").exit_code == 0
+    cfg = started[0]
+    assert cfg.classes[0].global_Bps == 875_000 and cfg.socket_path == str(tmp_path / "a.sock")
+    assert cfg.interval_s == 0.05
+    monkeypatch.delenv("DRL_UP_GLOBAL")
+    monkeypatch.setenv("DRL_UP_GLOBAL_BPS", "9mbit")
+    assert up("--iface", "lo").exit_code == 0 and started[1].classes[0].global_Bps == 1_125_000
+    monkeypatch.setenv("DRL_SOCKET", "/nonexistent/env.sock")
+    one_line_error(CliRunner().invoke(ctl_main, ["status"]), "/nonexistent/env.sock")
+
+
 @pytest.mark.parametrize("content, needle", [
     (None, "does not exist"),
     ("", "is empty"),
