@@ -61,7 +61,10 @@ class ControlServer:
 
     def __init__(self, path: str):
         self.path = path
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:    # a file where the directory should be, a read-only /run
+            raise ControlError(f"cannot create control socket {path}: {Path(path).parent}: {e.strerror}") from None
         if _is_live(path):
             raise ControlError(f"another agent is already running on {path} (stop it with drl-agent down --socket {path})")
         if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):

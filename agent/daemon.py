@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import math
 import selectors
 import signal
 import socket
@@ -65,6 +66,12 @@ log = logs.get_logger("drl.agent")
 CLUSTER = "drl"     # one cluster per key; the header field keeps two keyed clusters apart on one port
 # a first view of etcd takes milliseconds; more than this and the agent starts without it
 REGISTRY_START_S = 3.0
+REJECTS_EVERY_S = 60.0         # gossip_rejected: one line per reason at most this often
+REJECT_HINTS = {"forged": "every agent of the cluster needs the same --key-file",
+                "unknown_peer": "the sender is not in --peers (nor, with --registry, a member)",
+                "wrong_cluster": "the sender belongs to another cluster",
+                "unknown_version": "the sender runs another wire version of drl",
+                "wrong_sender": "the sender uses a node id bound to another address"}
 GC_YOUNG_THRESHOLD = 20_000     # allocations between young collections (Python's default: 700)
 
 
@@ -164,6 +171,7 @@ class Agent:
         self.notify = Notifier.from_env()    # systemd Type=notify (agent/notify.py); a no-op without NOTIFY_SOCKET
         self._stack.callback(self.notify.close)
         self._facts: dict[str, Any] = {}
+        self._rejects_said: dict[str, tuple[int, float]] = {}   # reason -> (count, when) of its last log line
         self.tick_stats = TickStats()
         self._drops: dict[str, tuple[ClassRun, DropTally]] = {}    # by class name; a new run starts over
 
@@ -617,7 +625,9 @@ class Agent:
         return run.conf.safe_Bps if run.conf.safe_Bps is not None else limit.global_Bps / self.members.n_nodes
 
     def _log_changes(self, now: float) -> None:
-        """One line per peer that turned alive or stale, per class whose mode or warning changed."""
+        """One line per peer that turned alive or stale, per class whose mode or warning changed,
+        and per reason datagrams were rejected for (at most once a minute each)."""
+        self._log_rejects(now)
         facts = {f"peer {p['node_id']} ({p['address']})": p["state"] for p in self.members.status(now)}
         for what, value in facts.items():
             if what in self._facts and self._facts[what] != value:
@@ -632,6 +642,14 @@ class Agent:
                         log.info("change", class_=run.name, what=what,
                                  now=now_.name.lower() if what == "mode" else now_)
             run.said = said
+
+    def _log_rejects(self, now: float) -> None:
+        """A peer with another key shows only as stale otherwise: its datagrams fail the MAC."""
+        for reason, n in self.transport.stats.rejected.items():
+            said, at = self._rejects_said.get(reason, (0, -math.inf))
+            if n > said and now - at >= REJECTS_EVERY_S:
+                log.warning("gossip_rejected", reason=reason, datagrams=n - said, hint=REJECT_HINTS.get(reason))
+                self._rejects_said[reason] = (n, now)
 
     # -- status -----------------------------------------------------------------------------
 

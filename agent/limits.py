@@ -85,6 +85,10 @@ class LimitBook:
         os.replace(tmp, self.path)
 
     def _load(self) -> dict[str, _Entry]:
+        try:        # the state directory (--state-dir) is made here, at start: one line if it cannot be
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LimitBookError(f"cannot use state directory {self.path.parent}: {e.strerror}") from None
         try:
             data = json.loads(self.path.read_text())
             return {name: _Entry(Limit(int(d["version"]), float(d["global_Bps"])), d["configured_Bps"])

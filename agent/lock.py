@@ -79,8 +79,9 @@ class InterfaceLock:
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 where = f" in network namespace {netns}" if netns else ""
+                stop = "drl-agent down with its --socket" + (f", or kill {holder}" if holder else "")
                 raise LockError(f"another drl-agent{f' (pid {holder})' if holder else ''} already runs on "
-                                f"{iface}{where}: one agent per interface (stop it with drl-agent down)") from None
+                                f"{iface}{where}: one agent per interface (stop it with {stop})") from None
             raise LockError(f"cannot lock {path}: {e.strerror}") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

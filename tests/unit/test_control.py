@@ -60,3 +60,10 @@ def test_a_stale_socket_file_is_replaced_and_close_removes_it(tmp_path):
     assert path.exists() and oct(path.stat().st_mode & 0o777) == "0o600"
     srv.close()
     assert not path.exists()
+
+
+def test_a_socket_directory_that_cannot_be_made_is_a_control_error(tmp_path):
+    """A ControlError is drl-agent's startup_failed line; an OSError here was logged as a crash."""
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ControlError, match="cannot create control socket .*afile: File exists"):
+        ControlServer(str(tmp_path / "afile" / "agent.sock"))

@@ -549,3 +549,31 @@ def test_a_diffusion_class_enforces_a_live_set_on_the_next_tick(tmp_path, alloca
             assert a.set_limit({"class": "default", "global": rate})["ok"]
             a.tick(t0 + 1 + k)
             assert dp.classes[CLASS_ID][1]["rate_Bps"] == pytest.approx(Bps)
+
+
+def test_rejected_gossip_is_logged_by_reason_at_most_once_a_minute(tmp_path, caplog):
+    """A peer with another key (or not in --peers) showed only as stale: now one warning
+    per reason, with what to check, then at most one a minute with the count since."""
+    import logging
+    from drl.agent import logs
+
+    caplog.set_level(logging.WARNING, logger="drl.agent")
+    cfg = config(tmp_path, "--global", "8mbit", "--peers", "b@10.0.0.2:7470")
+    stranger = GossipCore("x", CLUSTER, None, PeerList([cfg.listen]), 1, incarnation=1)
+
+    def lines():
+        return [logs.LogfmtFormatter().format(r) for r in caplog.records
+                if isinstance(r.msg, logs.Event) and r.msg.name == "gossip_rejected"]
+
+    with agent(cfg, FakeDatapath()) as a:
+        t0 = time.monotonic()
+        for k in range(3):          # ticks 1 s apart: one line for the three
+            a.transport.arrive(stranger.publish(values({DEFAULT: 1.0}), t0 + k), ("10.0.0.66", 7470))
+            a.receive()
+            a.tick(t0 + k)
+        assert len(lines()) == 1 and "reason=unknown_peer datagrams=1" in lines()[0], lines()
+        assert "not in --peers" in lines()[0]
+        a.tick(t0 + 61)
+        assert len(lines()) == 2 and "datagrams=2" in lines()[1], lines()
+        a.tick(t0 + 200)            # nothing new: nothing said
+        assert len(lines()) == 2

@@ -51,6 +51,15 @@ def test_an_unreadable_book_is_one_line(tmp_path):
         LimitBook(path)
 
 
+def test_a_state_directory_that_cannot_be_made_is_named(tmp_path):
+    """Not 'limits file ... unreadable; remove it' for a file that does not exist."""
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(LimitBookError, match=r"cannot use state directory .*afile/sub: Not a directory"):
+        LimitBook(tmp_path / "afile" / "sub" / "limits-a.json")
+    LimitBook(tmp_path / "new" / "dir" / "limits-a.json")
+    assert (tmp_path / "new" / "dir").is_dir()
+
+
 @given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([1e6, 2e6, 3e6])), min_size=1, max_size=20),
        st.randoms())
 def test_agents_hearing_the_same_limits_in_any_order_agree(limits, rnd):
