@@ -178,7 +178,10 @@ def load_config(path: str | None, opts: dict, explicit: set[str], check_host: bo
             agent_opts, tables = configfile.merge(file or loaded[0], opts, explicit, overlay)
         except configfile.ConfigFileError as e:
             raise ConfigError(str(e)) from None
-        return build_classes(agent_opts, tables, cfg.peers, cfg.max_classes)
+        try:
+            return build_classes(agent_opts, tables, cfg.peers, cfg.max_classes)
+        except ConfigError as e:
+            raise ConfigError(configfile.located(path, str(e))) from None
 
     def reload(live: dict[str, dict] | None = None):
         file = read()
@@ -190,6 +193,8 @@ def load_config(path: str | None, opts: dict, explicit: set[str], check_host: bo
         cfg = build_config(*configfile.merge(loaded[0], opts, explicit), check_host=check_host)
     except configfile.ConfigFileError as e:
         raise ConfigError(str(e)) from None
+    except ConfigError as e:
+        raise ConfigError(configfile.located(path, str(e))) from None
     return dataclasses.replace(cfg, reload=reload if path else None,
                                live_classes=classes if cfg.registry else None)
 

@@ -135,6 +135,23 @@ def class_tables(path: str, command: click.Command) -> list[dict[str, Any]]:
     return [{**defaults, **table} for table in data.get("class", [])]
 
 
+def located(path: str | None, message: str) -> str:
+    """A class's refusal found past parsing ("class 'gold': ..." from agent/config.py), at its
+    [[class]] table's line when the file defines that class; other messages as they are."""
+    found = re.match(r"class '([^']+)': ", message)
+    if not path or not found:
+        return message
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode()
+        names = [t.get("name") if isinstance(t, dict) else None for t in tomllib.loads(text).get("class", [])]
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, AttributeError):
+        return message      # the file changed under us: the message alone
+    if found.group(1) not in names:
+        return message
+    return f"{_Source(path, text.splitlines()).at('class', names.index(found.group(1)), None)}: {message}"
+
+
 def table_options(table: dict[str, Any], command: click.Command, origin: str) -> dict[str, Any]:
     """One [[class]] table from elsewhere (etcd) -> its option dict, as ``read`` gives a class;
     errors name ``origin``."""

@@ -258,7 +258,8 @@ def checked_class_tables(path: str) -> list[dict]:
     except configfile.ConfigFileError as e:
         raise click.ClickException(str(e)) from None
     except ConfigError as e:
-        raise click.ClickException(f"{path}: {e}") from None
+        where = configfile.located(path, str(e))
+        raise click.ClickException(where if where.startswith(path) else f"{path}: {where}") from None
     if not tables:
         raise click.ClickException(f"{path}: no [[class]] table to import")
     return tables

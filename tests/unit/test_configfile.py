@@ -104,7 +104,9 @@ def test_reload_reads_the_file_again_with_the_flags_on_top(tmp_path):
     ('[[class]]\nname = "a b"\nglobal = "1mbit"\n', ":2:", "needs name"),
     ('[[class]]\nname = "x"\n', ":1:", "missing global"),
     ('[agent]\niface = "lo"\nnode_id = "a"\n[[class]]\nname = "x"\nglobal = "1mbit"\nmatch = ["dst=nowhere"]\n',
-     "class 'x'", "not an address"),
+     "drl.toml:4: class 'x'", "not an address"),
+    ('[agent]\niface = "lo"\nnode_id = "a"\n[[class]]\nname = "a"\nglobal = "1mbit"\n\n[[class]]\nname = "b"\n'
+     'global = "1mbit"\nenforce = "shape"\nallocator = "grd"\n', "drl.toml:8: class 'b'", "cannot enforce random drop"),
     ('[agent]\niface = "lo"\nnode_id = "a"\n' + "".join(f'[[class]]\nname = "c{p}"\nglobal = "1mbit"\n'
                                                      f'match = ["dport={p + 1}"]\n' for p in range(9)),
      "prefix any: 9 rules", "at most 8"),
