@@ -384,7 +384,8 @@ class Agent:
         self._announce(run)
         log.info("limit_changed", class_=run.name, global_bps=round(to_bps(rate)), version=limit.version,
                  from_="drlctl")
-        return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate), "limit_version": limit.version}
+        return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate), "limit_version": limit.version,
+                "peers": self.members.n_nodes - 1}
 
     def _clients(self, req: dict) -> dict:
         """drlctl clients [CLASS]: each class's client rule and its top clients."""

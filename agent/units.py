@@ -109,7 +109,7 @@ def format_rate(rate_Bps: float) -> str:
     for scale, name in ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
         if abs(bits) >= scale:
             return f"{bits / scale:.4g} {name}"
-    return f"{bits:.4g} bit/s"
+    return f"{bits:.0f} bit/s"      # an idle estimate's 1.2e-05 bit/s reads as what it is: 0
 
 
 def format_size(n_bytes: float) -> str:

@@ -90,6 +90,8 @@ def render_set(reply: dict) -> str:
         return f"{head}; registry: queued, every agent applies it from etcd within a few intervals"
     if reply.get("registry") == "pending":
         return f"{head}; registry: pending, etcd is unreachable: written when it is back (lost if the agent restarts)"
+    if reply.get("peers") == 0:
+        return f"{head} (version {reply['limit_version']})"      # a lone agent: nobody else to follow
     return f"{head} (version {reply['limit_version']}); the other agents follow within a few intervals"
 
 

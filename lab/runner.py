@@ -42,7 +42,7 @@ def run_experiment(exp: Experiment, out: Path, allocators: list[str] | None = No
     allocators = allocators or list(exp.allocators)
     missing = [a for a in allocators if a not in available_allocators()]
     if missing:
-        raise LabError(f"allocator(s) not available in this build: {', '.join(missing)}")
+        raise LabError(f"unknown allocator {', '.join(missing)} (choose from {', '.join(available_allocators())})")
     preflight.check(exp)
     runs = []
     for alloc in allocators:

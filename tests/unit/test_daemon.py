@@ -412,7 +412,9 @@ def test_a_live_set_is_announced_to_every_peer_and_persisted(tmp_path):
     a, _ = file_agent(tmp_path, TWO, dp)
     with a:
         reply = a.set_limit({"class": "B", "global": "6mbit"})
-        assert reply == {"ok": True, "class": "B", "global_limit_bps": 6e6, "limit_version": 1}
+        assert reply == {"ok": True, "class": "B", "global_limit_bps": 6e6, "limit_version": 1, "peers": 1}
+        assert render_set(reply).endswith("(version 1); the other agents follow within a few intervals")
+        assert render_set({**reply, "peers": 0}) == "B: global 6 Mbit/s (version 1)"
         a.tick(time.monotonic())
         assert dp.classes[1][1]["rate_Bps"] == 375_000                      # 6 Mbit/s over 2 nodes
         notes = [n for _, data in a.transport.sent for n in decode(data, None, CLUSTER).payload.limits]
