@@ -195,7 +195,7 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     """One GDRL round: follow the members, apply the inbox, handle failures and
     returns, give to worse-off neighbours.  Amounts are parts of C (module docstring)."""
     total = PARTS
-    Bps = max(0.0, snap.global_Bps) / PARTS     # one part, now
+    part_Bps = max(0.0, snap.global_Bps) / PARTS     # what one part is worth now
     founder = not state.rejoined and state.node_id in state.genesis
     led = state.ledger or _first_ledger(state, founder, total, snap, alloc.dead_after_s)
     watch = heir_watch(state.genesis, state.node_id, snap.view, alloc.dead_after_s)
@@ -212,7 +212,7 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     # A share we owe a member that came back is set aside: not enforced, not given away,
     # and our indicator shows its absence, so the neighbours fill it up and we can pay.
     reserved = owed_amount(led, state.genesis, total, snap.view, alloc.dead_after_s)
-    q_own = ind.value(demand, (led.holding - reserved) * Bps)
+    q_own = ind.value(demand, (led.holding - reserved) * part_Bps)
     neighbours = sorted((set(state.neighbours) | set(led.links)) - led.closed)
     # joiners open links to us beyond the graph's degree: eta stays under 1/(2d) of the
     # degree we have now (eq. 15), or a node many joined would give away more than it holds
@@ -220,7 +220,7 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     out: list[Envelope] = list(acks) + list(returns)
     sent_to = []
     for peer in neighbours:
-        amount = _pairwise_amount(led.holding - reserved, snap, peer, q_own, eta * ind.slope(demand), Bps)
+        amount = _pairwise_amount(led.holding - reserved, snap, peer, q_own, eta * ind.slope(demand), part_Bps)
         if amount > 0 or (state.rounds == 0 and not founder):  # a (re)joiner's hello opens the link
             led, env = send(led, peer, amount)
             out.append(env)
@@ -228,16 +228,16 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     out.extend(retransmit(led, sent_to, snap.view))
     usable = max(0, led.holding - reserved)
 
-    info: dict[str, Any] = {"indicator": alloc.indicator, "q": q_own, "eta": eta, "capacity_Bps": usable * Bps,
-                            "accountable_Bps": led.accountable * Bps, "accountable_parts": led.accountable,
+    info: dict[str, Any] = {"indicator": alloc.indicator, "q": q_own, "eta": eta, "capacity_Bps": usable * part_Bps,
+                            "accountable_Bps": led.accountable * part_Bps, "accountable_parts": led.accountable,
                             "claimed": sorted(led.claimed), "owed": sorted(led.owed), "rejoined": state.rejoined,
-                            "returned_Bps": state.returned * Bps,
-                            "neighbours": link_info(led, snap.view, unit="_Bps", scale=Bps)}
+                            "returned_Bps": state.returned * part_Bps,
+                            "neighbours": link_info(led, snap.view, unit="_Bps", scale=part_Bps)}
     if alloc.indicator == "fillratio":
         info["fill_ratio"] = -q_own
     if state.eta > _bound(len(state.neighbours)):
         info["warning"] = f"eta {state.eta:g} above the 1/(2d) bound (forced)"
-    decision = Decision(mode=Mode.BUCKET, limit_Bps=usable * Bps, publish=q_own, info=info)
+    decision = Decision(mode=Mode.BUCKET, limit_Bps=usable * part_Bps, publish=q_own, info=info)
     return Step(state=dataclasses.replace(state, ledger=led, rounds=state.rounds + 1),
                 decision=decision, outbox=tuple(out))
 
@@ -272,12 +272,13 @@ def _bound(degree: int) -> float:
     return 1.0 / (2 * max(1, degree))
 
 
-def _pairwise_amount(usable: int, snap: Snapshot, peer: str, q_own: float, gain_Bps: float, Bps: float) -> int:
-    """The edge term eta * slope * (q_j - q_i) in parts of ``Bps`` B/s, paid by this node
-    when positive and never more than it may use (so no limit goes negative)."""
-    if not is_alive(snap.view, peer) or Bps <= 0:
+def _pairwise_amount(usable: int, snap: Snapshot, peer: str, q_own: float, gain_Bps: float,
+                     part_Bps: float) -> int:
+    """The edge term eta * slope * (q_j - q_i) in parts (of ``part_Bps`` each), paid by this
+    node when positive and never more than it may use (so no limit goes negative)."""
+    if not is_alive(snap.view, peer) or part_Bps <= 0:
         return 0
     diff = snap.view.peers[peer].value - q_own
     if diff <= 0:
         return 0
-    return max(0, min(usable, int(gain_Bps * diff / Bps)))
+    return max(0, min(usable, int(gain_Bps * diff / part_Bps)))
