@@ -377,6 +377,10 @@ class Agent:
             rate = parse_rate(str(req.get("global")))
         except UnitError as e:
             return {"ok": False, "error": str(e)}
+        if run.conf.allocator.name == "dqmp":      # a set would change the label and promise a limit
+            return {"ok": False, "error": f"class {run.name!r} enforces its volume quota (allocator dqmp), not a "
+                                         f"rate; its global only sets the fail-safe rate: change quota or global "
+                                         f"in the config file and reload"}
         if self.registry is not None:
             return self._set_in_registry(run, str(req.get("global")), rate)
         limit = self.book.set(run.name, rate)

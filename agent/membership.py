@@ -88,6 +88,15 @@ class _Peers(Mapping[str, PeerState]):
         return len(self._rows)
 
 
+def _safe_since(history: list[tuple[float, float]], since: float) -> float:
+    """The largest safe rate in force at any time from ``since`` on (the one now for a peer
+    never heard, since = -inf); history is sorted, its last entry in force now."""
+    if since == -math.inf:
+        return history[-1][1]
+    return max(safe for k, (_, safe) in enumerate(history)
+               if k + 1 == len(history) or history[k + 1][0] > since)
+
+
 class Membership:
     def __init__(self, node_id: str, peer_addrs: Sequence[Addr], timeout_s: float,
                  names: Mapping[Addr, str] | None = None, failsafe_s: float = math.inf,
@@ -101,6 +110,7 @@ class Membership:
         self.class_lost: collections.Counter[int] = collections.Counter()
         self._rows_at: tuple | None = None
         self._lost: frozenset[Addr] = frozenset()     # set_peers: gone from the registry unannounced
+        self._safes: dict[int, list[tuple[float, float]]] = {}   # class -> [(since, safe rate)]: view's
 
     def set_peers(self, peers: Mapping[Addr, str | None], *, timeout_s: float | None = None,
                   slack_s: float | None = None, lost: Collection[Addr] = ()) -> None:
@@ -187,9 +197,26 @@ class Membership:
         rows, members, n_alive, sums, stale = self._rows(now)
         reserved = None
         if safe_Bps is not None:
-            reserved = sum(self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now, safe_Bps)
+            heard = [now - age for _, age in stale if age < math.inf]     # a peer never heard: ours now
+            history = self._safe_history(class_id, now, safe_Bps, heard)
+            reserved = sum(self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now,
+                                               _safe_since(history, now - age - self.timeout_s))
                            for values, age in stale) if stale else 0.0
         return PeerView(members, _Peers(rows, class_id), sums.get(class_id, 0.0), n_alive, reserved)
+
+    def _safe_history(self, class_id: int, now: float, safe_Bps: float, last_seen: list[float]) -> list:
+        """The class's safe rate from ``now`` on, noted after the ones before: a stale peer's
+        datapath falls back to the safe rate of the limit and N it last knew, which a lowered
+        limit (or a larger N) since has made larger than ours now.  Kept back to the oldest
+        stale peer's last datagram, less a liveness timeout for a limit change that had not
+        reached it yet."""
+        history = self._safes.setdefault(class_id, [])
+        if not history or history[-1][1] != safe_Bps:
+            history.append((now, safe_Bps))
+        keep = min(last_seen, default=now) - self.timeout_s
+        while len(history) > 1 and history[1][0] <= keep:
+            history.pop(0)
+        return history
 
     def may_still_pass(self, local_Bps: float | None, last_seen: float, now: float, safe_Bps: float) -> float:
         """What a silent peer's datapath may pass now: the local limit it last told us until
@@ -197,7 +224,8 @@ class Membership:
         safe rate once its fail-safe has surely started (bpf/limiter.c policy_of).  Its last
         config write is within ``slack_s`` of the last datagram we had from it, so its
         fail-safe starts within failsafe_s +- slack_s of that.  A peer never heard, or that
-        never told us this class's limit, is counted at the safe rate."""
+        never told us this class's limit, is counted at the safe rate.  ``safe_Bps``: the
+        largest the peer can have had since it was last heard (view, _safe_since)."""
         if local_Bps is None or last_seen == -math.inf:
             return safe_Bps
         since = now - last_seen

@@ -119,7 +119,8 @@ class Lease:
     # --- server side -----------------------------------------------------------------------
 
     def _serve(self, st: LeaseState, snap: Snapshot, n_servers: int) -> tuple[LeaseState, list[Envelope]]:
-        now, pool = snap.now, snap.global_Bps / n_servers
+        # what stale peers' datapaths may still pass (a dead client at its fail-safe) is no one's to grant
+        now, pool = snap.now, max(0.0, snap.global_Bps - (snap.view.reserved_Bps or 0.0)) / n_servers
         requests = {c: r for c, r in st.requests.items() if now - r[1] <= self.ttl_s}
         asking = [env.src for env in snap.inbox if isinstance(env.body, LeaseRequest)]
         for env in snap.inbox:

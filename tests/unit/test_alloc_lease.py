@@ -98,3 +98,16 @@ def test_unexpired_grants_never_exceed_the_global_limit(seed, loss, dup, delay, 
             in_use = sum(net.decision[m].limit_Bps for m in MEMBERS
                          if net.decision[m].info["lease_state"] == "valid")
             assert in_use <= GLOBAL * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("reserved, own", [(None, GLOBAL), (0.0, GLOBAL), (1_500_000.0, GLOBAL - 1_500_000.0)])
+def test_a_server_grants_nothing_of_what_dead_peers_may_still_pass(reserved, own):
+    """A killed client's kernel passes its fail-safe: granting the whole limit to the others
+    let three hosts pass 1.32 times it."""
+    from drl.agent.allocators.common import peer_view
+    from drl.agent.model import PeerState, Snapshot
+
+    alloc = create("lease", ttl_s=5.0, refresh_s=1.0)
+    view = peer_view(MEMBERS, [PeerState(m, 0.0, False, 30.0) for m in MEMBERS[1:]])._replace(reserved_Bps=reserved)
+    snap = Snapshot(now=10.0, node_id="a", interval_s=0.5, global_Bps=GLOBAL, local=Local(demand_Bps=9e9), view=view)
+    assert alloc.step(alloc.initial_state("a", tuple(MEMBERS)), snap).decision.limit_Bps == pytest.approx(own)

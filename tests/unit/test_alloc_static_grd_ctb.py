@@ -53,6 +53,19 @@ def test_static_ignores_stale_peers():
     assert d.limit_Bps == pytest.approx(10 * MBIT / 4)
 
 
+@pytest.mark.parametrize("reserved, share", [(2 * 10 * MBIT / 4, 10 * MBIT / 4),     # their own 1/N each
+                                             (2 * 16 * MBIT / 4, 1 * MBIT),           # a limit lowered from 16
+                                             (0.0, 10 * MBIT / 4)])                   # gone, not stale
+def test_static_leaves_stale_peers_what_their_datapaths_may_still_pass(reserved, share):
+    """A dead peer's kernel keeps the fail-safe of the limit it knew: 1/N of a lowered limit
+    each for the others would let the hosts pass more than the new one."""
+    snap = snapshot(7 * MBIT, {"b": (3 * MBIT, False), "c": (0.0, False), "d": (1.0, True)})
+    snap = snap._replace(view=snap.view._replace(reserved_Bps=reserved))
+    d = run("static", snap)
+    assert d.limit_Bps == pytest.approx(share)
+    assert 2 * d.limit_Bps + reserved <= 10 * MBIT * (1 + 1e-9)
+
+
 # --- CTB ----------------------------------------------------------------------
 
 def test_ctb_is_one_bucket_at_the_global_rate():

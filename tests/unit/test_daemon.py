@@ -579,3 +579,17 @@ def test_rejected_gossip_is_logged_by_reason_at_most_once_a_minute(tmp_path, cap
         assert len(lines()) == 2 and "datagrams=2" in lines()[1], lines()
         a.tick(t0 + 200)            # nothing new: nothing said
         assert len(lines()) == 2
+
+
+def test_a_set_on_a_dqmp_class_is_refused_with_what_to_do(tmp_path):
+    """Its limit is its volume quota: a set changed the label, promised that every agent
+    follows, and enforced nothing."""
+    dp = FakeDatapath()
+    text = TWO.replace('[[class]]\nname = "A"', '[[class]]\nname = "Q"\nglobal = "1mbit"\nallocator = "dqmp"\n'
+                       'quota = "1GB/1d"\nmatch = ["dport=9"]\n\n[[class]]\nname = "A"', 1)
+    a, _ = file_agent(tmp_path, text, dp)
+    with a:
+        reply = a.set_limit({"class": "Q", "global": "2mbit"})
+        assert not reply["ok"] and "volume quota" in reply["error"] and "reload" in reply["error"]
+        assert a.book.get("Q").version == 0
+        assert a.set_limit({"class": "A", "global": "2mbit"})["ok"]

@@ -172,6 +172,25 @@ def test_a_silent_peer_counts_its_last_local_limit_until_its_fail_safe_then_the_
     assert m.view(1, 1.0).reserved_Bps is None and limit(m.view(1, 1.0)) == GLOBAL_BPS / 3   # the 1/N rule
 
 
+def test_a_silent_peer_keeps_the_safe_rate_of_the_limit_it_knew_when_the_limit_is_lowered():
+    """Its kernel keeps the fail-safe it was given: counting it at the lowered limit's share
+    let three hosts pass 2.97 Mbit/s under a 1.5 Mbit/s limit (a set after a SIGKILL)."""
+    m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
+    n2, n3 = Peer(PEERS[0], "n2"), Peer(PEERS[1], "n3")
+    old, new = 2e6 / 3, 0.5e6 / 3
+    for t in (0.0, 0.1, 0.2):
+        m.observe(n2.rx(Batch((ClassValue(1, 1 + int(t * 10), 5.0, local_Bps=300_000.0),))), t)
+        m.observe(n3.rx(Batch((ClassValue(1, 1 + int(t * 10), 5.0, local_Bps=300_000.0),))), t)
+        m.view(1, t, safe_Bps=old)
+    for t in (0.3, 0.4, 0.5, 0.6, 0.7):          # the limit is lowered at 0.3; n3 hears it, n2 is dead
+        m.observe(n3.rx(Batch((ClassValue(1, 10 + int(t * 10), 5.0, local_Bps=50_000.0),))), t)
+        m.view(1, t, safe_Bps=new)
+    assert m.view(1, 3.0, safe_Bps=new).reserved_Bps == old + new     # n2 at the old share, n3 the new
+    assert m.view(1, 3.1, safe_Bps=new).reserved_Bps == old + new     # and stays so: its kernel keeps it
+    m.observe(n2.rx(Batch((ClassValue(1, 30, 5.0, local_Bps=50_000.0),))), 3.2)    # n2 back: it heard it
+    assert m.view(1, 6.0, safe_Bps=new).reserved_Bps == 2 * new
+
+
 def test_a_peer_never_heard_or_silent_about_a_class_counts_the_safe_rate():
     m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
     m.observe(Peer(PEERS[0], "n2").rx(Batch((ClassValue(7, 1, 5.0, local_Bps=900_000.0),))), 0.0)
