@@ -105,8 +105,7 @@ class Agent:
         """Until it answers ``status``; a LabError with its log's tail if it exits or ``deadline`` passes."""
         while True:
             if self.proc.poll() is not None:
-                tail = " / ".join(self.log.read_text(errors="replace").strip().splitlines()[-2:])
-                raise LabError(f"drl-agent on {self.host} exited ({self.proc.returncode}): {tail or 'no output'}")
+                raise LabError(self._exited())
             try:
                 self.status()
                 return
@@ -123,6 +122,19 @@ class Agent:
             if predicate(st) or time.monotonic() > deadline:
                 return st
             time.sleep(0.2)
+
+    def exit_note(self) -> str | None:
+        """Why the agent exited on its own (a crash, a datapath error), with its log's tail;
+        None while it runs, or once a signal ended it (a fault's kill)."""
+        code = self.proc.poll()
+        return None if code is None or code < 0 else self._exited()
+
+    def _exited(self) -> str:
+        try:
+            tail = " / ".join(self.log.read_text(errors="replace").strip().splitlines()[-2:])
+        except OSError:
+            tail = ""
+        return f"drl-agent on {self.host} exited ({self.proc.returncode}): {tail or 'no output'}"
 
     def kill(self, sig: int) -> int:
         """Send ``sig`` to the agent's session and wait for it to exit; its exit status."""

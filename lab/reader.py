@@ -415,7 +415,12 @@ class _Table:
         return value
 
     def rate(self, key, default=_REQUIRED):
-        return self._parsed(key, default, parse_rate)
+        """A rate above 0: a global of 0 ran to an iperf3 error, a link's 0 meant no shaping
+        and a UDP group's 0 iperf3's unlimited."""
+        rate = self._parsed(key, default, parse_rate)
+        if rate == 0:
+            raise self.error(key, "must be above 0")
+        return rate
 
     def duration(self, key, default=_REQUIRED):
         return self._parsed(key, default, parse_duration)

@@ -27,7 +27,7 @@ def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Grou
     aggregate = meter.series(n)
     # bins after the last sample are empty, not idle: windows stop at the last complete bin
     measured_s = min(exp.duration_s, math.floor(meter.samples[-1][0] / DT + 1e-9) * DT) if meter.samples else 0.0
-    flows = flow_series(groups, out, launched, n)
+    flows, hung = flow_series(groups, out, launched, n)
     per_limiter = {h: [sum(col) for col in zip(*[f.series for f in flows if f.limiter == h])] or [0.0] * n
                    for h in exp.limiters}
     agg_mean = _mean(exp, aggregate)
@@ -44,6 +44,7 @@ def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Grou
         "limiters": _limiters(exp, flows, per_limiter, agents),
         "flows": [{"label": f.label, "limiter": f.limiter, "kind": f.kind, "mean_bps": to_bps(flow_means[f.label])}
                   for f in flows],
+        "udp_groups_without_report": hung,      # hung at iperf3's setup: no flows of theirs above
         "convergence": metrics.convergence(per_limiter, DT, _changes(exp), exp.duration_s, exp.global_Bps),
         "window_ratios_1s": [round(x / exp.global_Bps, 4)
                              for x in metrics.rebin(aggregate[:round(measured_s / DT)], round(1.0 / DT))],

@@ -170,3 +170,22 @@ def test_code_topologies_keep_the_kernel_tests_names():
     assert p.build_commands()[4] == ["ip", "link", "add", "eth0", "netns", "dp0a1b-h1",
                                      "type", "veth", "peer", "name", "eth0", "netns", "dp0a1b-h2"]
     assert not any("route" in c for c in p.build_commands())
+
+
+def test_an_agent_that_exits_on_its_own_is_told_apart_from_one_a_fault_killed(tmp_path):
+    """lab/runner.py voids a run whose agent exits on its own (it crashed: the run looked
+    plausible at 1/N); a fault's SIGKILL is no such exit."""
+    import signal
+    import subprocess
+
+    from drl.lab.agents import Agent
+
+    log = tmp_path / "agent-l1.log"
+    log.write_text("level=info event=started\nlevel=error event=crashed error=\"ValueError: boom\"\n")
+    crashed = Agent("l1", "s", subprocess.Popen(["sh", "-c", "exit 1"]), log)
+    crashed.proc.wait()
+    assert crashed.exit_note() == 'drl-agent on l1 exited (1): level=info event=started / level=error ' \
+                                  'event=crashed error="ValueError: boom"'
+    killed = Agent("l2", "s", subprocess.Popen(["sleep", "30"], start_new_session=True), tmp_path / "none.log")
+    assert killed.exit_note() is None                       # running
+    assert killed.kill(signal.SIGKILL) == -signal.SIGKILL and killed.exit_note() is None
