@@ -179,8 +179,10 @@ def render_faults(summary: dict) -> str:
 
 
 def render(summary: dict) -> str:
-    """The comparison table: one column per allocator (first run of each)."""
+    """The comparison table: one column per allocator (its first run, so headed when there are
+    more; the last row averages Jain's index over all of them)."""
     runs = [r for r in summary["runs"] if r["repeat"] == 1]
+    repeated = any(c["runs"] > 1 for c in summary["comparison"])
     rows = [("global limit", [format_rate(r["global_limit_bps"] / 8) for r in runs]),
             ("delivered", [format_rate(r["aggregate_bps"] / 8) for r in runs]),
             ("utilization", [f"{r['utilization']:.3f}" for r in runs])]
@@ -188,12 +190,13 @@ def render(summary: dict) -> str:
         rows.append((f"{lim['name']} share (flows)",
                      [f"{r['limiters'][i]['share']:.3f} ({r['limiters'][i]['flows']})" for r in runs]))
     rows.append(("Jain's index", [f"{r['jain_index']:.3f}" if r["jain_index"] is not None else "-" for r in runs]))
-    if any(c["runs"] > 1 for c in summary["comparison"]):
+    if repeated:
         rows.append(("Jain's index, all runs", [f"{c['jain_index']:.3f} mean of {c['runs']}" if c["jain_index"] else "-"
                                                  for c in summary["comparison"]]))
     width = max(len(label) for label, _ in rows) + 2
-    head = f"{summary['experiment']:<{width}}" + "".join(f"{r['allocator']:>16}" for r in runs)
-    return "\n".join([head] + [f"{label:<{width}}" + "".join(f"{v:>16}" for v in vals) for label, vals in rows])
+    head = f"{summary['experiment']:<{width}}" + "".join(f"{r['allocator'] + (' run 1' if repeated else ''):>18}"
+                                                         for r in runs)
+    return "\n".join([head] + [f"{label:<{width}}" + "".join(f"{v:>18}" for v in vals) for label, vals in rows])
 
 
 envvars_by_flag(main, "DRL_LAB")

@@ -57,6 +57,16 @@ def test_render_puts_allocators_side_by_side():
     assert any(l.startswith("Jain's index") and "0.950" in l and "0.970" in l for l in lines)
 
 
+def test_render_of_repeated_runs_heads_the_columns_with_the_run_shown():
+    runs = [_run("fps", 0.95, [("l1", 3, 0.3)]), _run("ctb", 0.97, [("l1", 3, 0.31)])]
+    text = render({"experiment": "baseline", "runs": runs,
+                   "comparison": [{"allocator": "fps", "runs": 2, "jain_index": 0.963},
+                                  {"allocator": "ctb", "runs": 2, "jain_index": 0.982}]})
+    lines = text.splitlines()
+    assert lines[0].split() == ["baseline", "fps", "run", "1", "ctb", "run", "1"]
+    assert "  0.963 mean of 2   0.982 mean of 2" in lines[-1]
+
+
 def test_a_fork_of_the_lab_dies_of_sigterm_instead_of_tearing_the_run_down():
     """pyroute2's NetNS forks a helper from the lab and stops it with SIGTERM; with the
     lab's handler the helper would raise KeyboardInterrupt and tear down the live run."""
