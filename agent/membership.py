@@ -209,11 +209,11 @@ class Membership:
         datapath falls back to the safe rate of the limit and N it last knew, which a lowered
         limit (or a larger N) since has made larger than ours now.  Kept back to the oldest
         stale peer's last datagram, less a liveness timeout for a limit change that had not
-        reached it yet."""
+        reached it yet; an alive peer was heard within a timeout, so that far back for it."""
         history = self._safes.setdefault(class_id, [])
         if not history or history[-1][1] != safe_Bps:
             history.append((now, safe_Bps))
-        keep = min(last_seen, default=now) - self.timeout_s
+        keep = min([*last_seen, now - self.timeout_s]) - self.timeout_s
         while len(history) > 1 and history[1][0] <= keep:
             history.pop(0)
         return history

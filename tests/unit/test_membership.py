@@ -191,6 +191,20 @@ def test_a_silent_peer_keeps_the_safe_rate_of_the_limit_it_knew_when_the_limit_i
     assert m.view(1, 6.0, safe_Bps=new).reserved_Bps == 2 * new
 
 
+def test_a_limit_lowered_just_before_a_peer_fell_silent_is_one_it_may_not_have_heard():
+    """Lowered at 0.15, n2's last datagram at 0.2: the change may not have reached it.  The
+    ticks in between, with no peer stale yet, must not forget the older safe rate."""
+    m = Membership("n1", PEERS[:1], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
+    n2 = Peer(PEERS[0], "n2")
+    old, new = 4e5, 1e5
+    m.observe(n2.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=300_000.0),))), 0.0)
+    m.view(1, 0.0, safe_Bps=old)
+    m.observe(n2.rx(Batch((ClassValue(1, 2, 5.0, local_Bps=300_000.0),))), 0.2)
+    for t in (0.15, 0.3, 0.45):
+        m.view(1, t, safe_Bps=new)
+    assert m.view(1, 3.0, safe_Bps=new).reserved_Bps == old
+
+
 def test_a_peer_never_heard_or_silent_about_a_class_counts_the_safe_rate():
     m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
     m.observe(Peer(PEERS[0], "n2").rx(Batch((ClassValue(7, 1, 5.0, local_Bps=900_000.0),))), 0.0)
