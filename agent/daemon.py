@@ -195,6 +195,7 @@ class Agent:
         self._peers_applied = ({p.addr: p.node_id for p in cfg.peers}, {})      # (members, lost)
         self._bad_keys: tuple[str, ...] = ()
         self._registry_seen: tuple[int, dict | None] = (-1, None)   # (Registry.changed(), the classes applied)
+        self._classes_refused: str | None = None    # why etcd's classes do not check, while they do not
         self._registry_up = True
         if cfg.registry is not None:
             self.cfg = cfg = dataclasses.replace(cfg, classes=self._start_registry())
@@ -428,7 +429,8 @@ class Agent:
         state = "queued" if view.reachable else "pending"      # pending: written once etcd is back
         log.info("limit_requested", class_=run.name, global_bps=round(to_bps(rate)), from_="drlctl", registry=state)
         return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate),
-                "limit_version": self.book.get(run.name).version, "registry": state}
+                "limit_version": self.book.get(run.name).version, "registry": state,
+                "classes_refused": self._classes_refused}
 
     def reload(self) -> dict:
         """Re-read the config file: classes added, changed or removed in place.  A bad file
@@ -481,8 +483,15 @@ class Agent:
             log.warning("registry", state="unreachable", error=view.error)
             return cfg.classes
         self._follow_members(view)
-        confs = self.cfg.live_classes(view.classes)
         self._registry_seen = (seen, view.classes)
+        try:
+            confs = self.cfg.live_classes(view.classes)
+        except (ConfigError, ValueError) as e:      # one bad table in etcd must not keep every agent down
+            if not cfg.classes:
+                raise RegistryError(f"etcd's classes do not check and this agent has none of its own: {e}") from None
+            self._classes_refused = str(e)
+            log.error("registry_classes_refused", error=str(e))
+            return cfg.classes
         if not confs:
             raise RegistryError(f"no class to limit: none given (--global, --config) and none in etcd under "
                                 f"{cfg.registry.prefix}classes/")
@@ -519,8 +528,10 @@ class Agent:
                 raise ConfigError("no class left: the agent keeps the ones it has")
             changes = self._apply_classes(confs)
         except (ConfigError, ValueError) as e:
+            self._classes_refused = str(e)
             log.error("registry_classes_refused", error=str(e))
             return
+        self._classes_refused = None
         log.info("registry_classes", classes=len(self.table), added=list(changes.added),
                  changed=list(changes.changed), removed=list(changes.removed))
 
@@ -682,7 +693,8 @@ class Agent:
         view, reg = self.registry.view(), self.cfg.registry
         return {"endpoints": [f"etcd://{format_addr(e)}" for e in reg.endpoints], "cluster": reg.cluster,
                 "state": "reachable" if view.reachable else "unreachable", "error": view.error or None,
-                "for_s": now - view.since, "members": sorted(view.members), "classes": sorted(view.classes)}
+                "for_s": now - view.since, "members": sorted(view.members), "classes": sorted(view.classes),
+                "classes_refused": self._classes_refused, "bad_keys": list(view.bad_keys)}
 
     def _class_status(self, run: ClassRun) -> dict:
         limit = self.book.get(run.name)

@@ -138,6 +138,7 @@ class Registry:
         self._kvs: dict[str, bytes] = {}
         self._pending: dict[str, dict] = {}     # class name -> table not yet written
         self._lease = 0
+        self._registered = False        # our member key is ours (not another agent's under our id)
         self._watch: Watch | None = None
         self._watch_error: str | None = None
         self._changes = 0
@@ -209,11 +210,14 @@ class Registry:
         self._close_watch()
         if self._thread.is_alive():
             self._thread.join(timeout=3 * CALL_TIMEOUT_S)
-        if self._lease and leave:
+        if self._lease and (leave or not self._registered):
+            # an agent refused for a taken id leaves the owner's key alone: written under our
+            # lease and revoked, it went, and the live owner with it (left, not even lost)
             leaving = json.dumps({**json.loads(self._me), "left": True}).encode()
             for gw in self._gateways:
                 try:
-                    gw.put(self._member_key(self.node_id), leaving, self._lease)
+                    if self._registered:
+                        gw.put(self._member_key(self.node_id), leaving, self._lease)
                     gw.revoke(self._lease)
                     break
                 except EtcdError:
@@ -257,7 +261,8 @@ class Registry:
         if not (self._lease and gw.keepalive(self._lease) > 0):
             self._lease = gw.grant(self.cfg.ttl_s)
         key = self._member_key(self.node_id)
-        if gw.put_if(key, self._me, 0, self._lease):
+        self._registered = gw.put_if(key, self._me, 0, self._lease)
+        if self._registered:
             return
         found = gw.get(key)
         theirs = json.loads(found[0]).get("addr") if found else None
@@ -265,6 +270,7 @@ class Registry:
             raise IdTaken(f"node id {self.node_id!r} is registered by another agent at {theirs}: "
                           "give each agent its own --node-id")
         gw.put(key, self._me, self._lease)
+        self._registered = True
 
     def _keep_alive(self, gw: Gateway) -> None:
         """Renew the lease, write what put_class leaves, until the watch or a call fails (or close())."""

@@ -86,6 +86,9 @@ def render_set(reply: dict) -> str:
     """The set reply as a line.  With a registry no version is given: the change is etcd's to
     order, and every agent, this one too, applies it from etcd's watch (docs/registry.md)."""
     head = f"{reply['class']}: global {format_rate(reply['global_limit_bps'] / 8)}"
+    if reply.get("classes_refused"):        # written to etcd, but no agent applies etcd's classes now
+        return (f"{head}; registry: {reply['registry']}, but etcd's classes do not check, so no agent applies "
+                f"it until they do: {reply['classes_refused']}")
     if reply.get("registry") == "queued":
         return f"{head}; registry: queued, every agent applies it from etcd within a few intervals"
     if reply.get("registry") == "pending":

@@ -245,6 +245,9 @@ def test_a_node_id_taken_by_another_agent_is_refused_and_a_previous_life_is_not(
     twin = registries("a")                       # the fixture gives it another gossip address
     wait(lambda: "registered by another agent at 10.0.0.1:7470" in twin.view().error, 3.0)
     assert not twin.view().reachable and a.view().members["a"].addr == ("10.0.0.1", 7470)
+    twin.close()                                 # a refused agent's stop leaves the owner's key alone
+    time.sleep(0.5)                              # (it wrote "left" under its own lease and revoked it)
+    assert "a" in a.view().members and not a.view().members["a"].left, a.view().members
     again = Registry(RegistryConfig(etcd.endpoints, registries.cluster), "a", ("10.0.0.1", 7470), 2)
     try:                                         # the same agent restarted before its lease ran out
         again.start()

@@ -593,3 +593,29 @@ def test_a_set_on_a_dqmp_class_is_refused_with_what_to_do(tmp_path):
         assert not reply["ok"] and "volume quota" in reply["error"] and "reload" in reply["error"]
         assert a.book.get("Q").version == 0
         assert a.set_limit({"class": "A", "global": "2mbit"})["ok"]
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd (Debian etcd-server)")
+def test_a_class_in_etcd_that_does_not_check_keeps_no_agent_with_classes_of_its_own_down(tmp_path):
+    """One bad table written with etcdctl: running agents refuse it (one line); a starting one
+    with classes of its own starts with them instead of exiting (every unit would crash-loop)."""
+    from drl.agent.daemon import StartupError
+
+    def args(*more):
+        return ["--iface", "lo", "--node-id", "a", "--listen", "127.0.0.1:7470", "--insecure", "--interval", "1s",
+                "--socket", str(tmp_path / "ctl.sock"), "--state-dir", str(tmp_path / "state"), *more]
+
+    with Etcd() as etcd:
+        reg = ["--registry", etcd.url, "--cluster", "t"]
+        cfg = load_config(None, up.make_context("up", args("--global", "10mbit", *reg)).params,
+                          {"global_Bps", "registry", "cluster"}, check_host=False)
+        import_classes(cfg.registry, [{"name": "silver", "global": "lots"}])
+        with agent(cfg, FakeDatapath()) as a:
+            st = a.status()["registry"]
+            assert [c["name"] for c in a.status()["classes"]] == ["default"]
+            assert "silver" in st["classes_refused"] and "not a rate" in st["classes_refused"]
+            reply = a.set_limit({"class": "default", "global": "5mbit"})
+            assert reply["ok"] and "do not check, so no agent applies it" in render_set(reply)
+        bare = load_config(None, up.make_context("up", args(*reg)).params, {"registry", "cluster"}, check_host=False)
+        with pytest.raises(StartupError, match="etcd's classes do not check and this agent has none of its own"):
+            agent(bare, FakeDatapath())
