@@ -508,7 +508,10 @@ class Agent:
         self._registry_seen = (seen, self._registry_seen[1])
         if view.reachable != self._registry_up:
             self._registry_up = view.reachable
-            log.info("registry", state="reachable" if view.reachable else "unreachable", error=view.error or None)
+            if view.reachable:
+                log.info("registry", state="reachable")
+            else:
+                log.warning("registry", state="unreachable", error=view.error)
         if not view.reachable:
             return
         if view.bad_keys != self._bad_keys:

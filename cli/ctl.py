@@ -144,9 +144,26 @@ def render(st: dict) -> str:
     for p in peers:
         seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"
         lines.append(f"  {p['node_id'] or '?':<16} {p['address']:<24} {p['state']:<6} last seen {seen}")
+    lines += render_registry(st.get("registry"))
     for key, value in sorted(st.get("allocator_state", {}).items()):
         lines.append(f"  {st['allocator']}.{key} = {value}")
     return "\n".join(lines)
+
+
+def render_registry(reg: dict | None) -> list[str]:
+    """The registry's lines of the status, none without --registry."""
+    if reg is None:
+        return []
+    lines = [f"registry    {reg['state']} for {reg['for_s']:.0f} s  cluster {reg['cluster']}  "
+             f"{len(reg['members'])} member{'s' if len(reg['members']) != 1 else ''}  "
+             f"{' '.join(reg['endpoints'])}"]
+    if reg.get("error"):
+        lines.append(f"  error: {reg['error']}")
+    if reg.get("classes_refused"):
+        lines.append(f"  etcd's classes refused: {reg['classes_refused']}")
+    if reg.get("bad_keys"):
+        lines.append(f"  keys not of the layout (ignored): {' '.join(reg['bad_keys'])}")
+    return lines
 
 
 @main.command()

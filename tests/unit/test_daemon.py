@@ -17,7 +17,7 @@ from drl.agent.model import Mode
 from drl.agent.registry import Registry, RegistryConfig, import_classes
 from drl.agent.wire import decode
 from drl.cli.agent import up
-from drl.cli.ctl import render_set
+from drl.cli.ctl import render, render_set
 from drl.lab.etcd import Etcd
 
 CLASS_ID = 0                      # the datapath slot of the first class
@@ -614,6 +614,8 @@ def test_a_class_in_etcd_that_does_not_check_keeps_no_agent_with_classes_of_its_
             st = a.status()["registry"]
             assert [c["name"] for c in a.status()["classes"]] == ["default"]
             assert "silver" in st["classes_refused"] and "not a rate" in st["classes_refused"]
+            text = render(a.status())
+            assert "registry    reachable for " in text and "etcd's classes refused: etcd class 'silver'" in text
             reply = a.set_limit({"class": "default", "global": "5mbit"})
             assert reply["ok"] and "do not check, so no agent applies it" in render_set(reply)
         bare = load_config(None, up.make_context("up", args(*reg)).params, {"registry", "cluster"}, check_host=False)
