@@ -82,7 +82,7 @@ REPORT_FRACTION = 0.5         # report a client at half a fair share: threshold 
 # host where the client is new or quiet can still see its demand grow; the
 # rest of the threshold goes in proportion to local demand.
 FLOOR_FRACTION = 0.05
-RELEASE_FRACTION = 0.9        # a throttled client is released below 90 % of the threshold (no flapping)
+RELEASE_FRACTION = 0.5        # released below half the threshold: a throttled TCP flow dips under 0.9 (BBR: 1.5x the threshold)
 
 
 class ClientRuleError(ValueError):

@@ -258,8 +258,11 @@ def test_uneven_demand_is_split_by_demand_and_released_below_the_threshold():
     floor = clients.FLOOR_FRACTION * r.limit / 3
     assert shares["c"] == pytest.approx(floor)
     assert shares["a"] == pytest.approx(floor + (r.limit - 3 * floor) * 0.75)
-    for k in range(21, 41):        # down to 0.85 of the threshold: under the release line
+    for k in range(21, 41):        # down to 0.85 of the threshold: still throttled (no release at a dip)
         ticks = tick_all(tables, k * interval_s, {"a": {HEAVY: 0.85 * per_tick}})
+    assert all(HEAVY in t.limits for t in ticks.values() if t.limits) and ticks["a"].limits
+    for k in range(41, 61):        # down to 0.45: under the release line
+        ticks = tick_all(tables, k * interval_s, {"a": {HEAVY: 0.45 * per_tick}})
     assert all(not t.limits for t in ticks.values())
 
 
