@@ -131,8 +131,13 @@ def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
 
 def kernel_shaper(cfg: Config) -> Shaper:
     """Shape mode's HTB tree on ``--iface`` (agent/shaper.py); it touches nothing until a class
-    is shaped, and restores the root qdisc it replaced when the last one goes."""
-    return Shaper(cfg.iface, state_dir=cfg.state_dir)
+    is shaped, and restores the root qdisc it replaced when the last one goes.  An agent that
+    shapes nothing puts back at once what a killed shape agent's HTB replaced: nothing else
+    would (an operator who turned shape mode off after the crash kept the HTB for good)."""
+    shaper = Shaper(cfg.iface, state_dir=cfg.state_dir)
+    if not any(c.enforce == "shape" and not c.shadow for c in cfg.classes):
+        shaper.restore_leftover()
+    return shaper
 
 
 class Agent:

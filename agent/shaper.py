@@ -190,6 +190,26 @@ class Shaper:
         log.warning("shaper_reattached", iface=self.iface, reason="root_qdisc_replaced")
         return True
 
+    def restore_leftover(self) -> bool:
+        """A killed agent's HTB (its record in state_dir): put its root qdisc from before back
+        now; True when it did.  A record whose HTB is gone is dropped.  Errors are logged."""
+        saved = self._saved()
+        if self._previous is not None or saved is None:
+            return False
+        try:
+            self._open()
+            root = _root_qdisc(self._nl, self._ifindex)
+            if not (root and root["kind"] == "htb" and root["handle"] >> 16 == HTB_MAJOR):
+                self._state.unlink(missing_ok=True)
+                return False
+            log.info("shaper_leftover", iface=self.iface, previous=saved["kind"])
+            self._previous = saved
+            self.detach()
+        except (ShaperError, NetlinkError, OSError) as e:
+            self._failed(e)
+            return False
+        return True
+
     def detach(self) -> None:
         """Put the root qdisc from before back; idempotent."""
         if self._previous is None:

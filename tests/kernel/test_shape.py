@@ -116,6 +116,16 @@ def test_a_users_tbf_comes_back_after_a_stop_and_after_a_sigkill_and_restart(net
     assert agent.kill(signal.SIGTERM) == 0
     assert root_qdisc(h1) == before and not (tmp_path / "shape-eth0.json").exists()
 
+    # killed again, then started in police mode: it shapes nothing, and puts the tbf back at
+    # once (only a shape agent did, and an operator who gave shape mode up kept the HTB)
+    agent = start(cluster, net)
+    agent.wait_for(lambda s: s["ticks"] >= 2, 5)
+    agent.kill(signal.SIGKILL)
+    assert HTB_ROOT.match(root_qdisc(h1))
+    agent = cluster(net).start(h1, [], "static", "10mbit")
+    assert root_qdisc(h1) == before and not (tmp_path / "shape-eth0.json").exists()
+    assert agent.kill(signal.SIGTERM) == 0 and root_qdisc(h1) == before
+
 
 def test_a_reload_to_police_restores_the_root_qdisc_while_the_agent_runs(net, tmp_path):
     h1 = net.hosts[0]
