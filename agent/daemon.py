@@ -417,6 +417,8 @@ class Agent:
         except ClientRuleError as e:
             return {"ok": False, "error": str(e)}
         name = req.get("class")
+        if name is not None and self.table.get(str(name)) is None:
+            return {"ok": False, "error": f"no class {name!r} (see drlctl classes)"}
         lifted = self.clients.unban(prefix, None if name is None else str(name), time.monotonic())
         if not lifted:
             return {"ok": False, "error": f"no ban on {prefix}" + (f" in class {name!r}" if name else "")}
@@ -718,6 +720,7 @@ class Agent:
             "effective_limit_bps": to_bps(effective_limit(snap) if snap else limit.global_Bps),
             "local_limit_bps": to_bps(_local_limit(d, local)), "safe_rate_bps": to_bps(self._safe_rate(run, limit)),
             "mode": d.mode.name.lower(), "shadow": run.conf.shadow, "enforce": run.conf.enforce,
+            "shaped": run.class_id in self.shaper.rates,     # enforce shape, and its HTB class holds
             "drop_probability": d.drop_probability,
             "demand_bps": to_bps(local.demand_Bps), "rate_bps": to_bps(local.sent_Bps),
             "flows": len(local.flow_rates_Bps), "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),

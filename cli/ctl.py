@@ -111,14 +111,18 @@ CLASS_COLUMNS = (("CLASS", "name", str), ("ALLOCATOR", "allocator", str),
                  ("LOCAL", "local_limit_bps", "rate"), ("DEMAND", "demand_bps", "rate"),
                  ("DROP P", "drop_probability", "{:.3f}".format), ("PASSED", "passed_bytes", format_size),
                  ("DROPPED", "dropped_bytes", format_size), ("VERSION", "limit_version", str),
-                 ("SHADOW", "shadow", lambda on: "yes" if on else ""))   # DROPPED: would have dropped
+                 ("SHADOW", "shadow", lambda on: "yes" if on else ""),   # DROPPED: would have dropped
+                 # shape!: shape mode could not be set up, so the class is policed (log: shape_failed)
+                 ("ENFORCE", None, lambda c: "shape!" if c.get("enforce") == "shape" and not c.get("shaped")
+                  else c.get("enforce", "")))
 
 
 def render_classes(rows: list[dict]) -> str:
     """The classes as an aligned table."""
     fmt = {"rate": lambda bps: format_rate(bps / 8)}
     cells = [[title for title, _, _ in CLASS_COLUMNS]]
-    cells += [[fmt.get(f, f)(row.get(key)) for _, key, f in CLASS_COLUMNS] for row in rows]   # get: older agents
+    cells += [[fmt.get(f, f)(row if key is None else row.get(key)) for _, key, f in CLASS_COLUMNS]
+              for row in rows]   # get: older agents; no key: the cell needs the whole row
     widths = [max(len(r[i]) for r in cells) for i in range(len(CLASS_COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 

@@ -175,6 +175,9 @@ def test_drlctl_classes_is_a_table_with_one_row_per_class():
     assert lines[0].split()[:3] == ["CLASS", "ALLOCATOR", "GLOBAL"] and len(lines) == 3
     assert lines[1].startswith("gold ") and "50 Mbit/s" in lines[1] and "1.5 GB" in lines[1]
     assert lines[1].index("fps") == lines[2].index("fps")           # aligned columns
+    shaped = render_classes([{**row, "enforce": "shape", "shaped": True}, {**row, "enforce": "shape", "shaped": False},
+                             {**row, "enforce": "police", "shaped": False}]).splitlines()
+    assert [line.split()[-1] for line in shaped] == ["ENFORCE", "shape", "shape!", "police"]
 
 
 def test_drlctl_set_checks_the_rate_before_asking_the_agent():

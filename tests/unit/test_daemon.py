@@ -43,8 +43,8 @@ STATUS_KEYS = {
     "shadow",
     # issue 17: etcd's state (null without --registry)
     "registry",
-    # issue 20 item 2: police or shape
-    "enforce",
+    # issue 20 item 2: police or shape; and whether its HTB class holds (false: policed instead)
+    "enforce", "shaped",
     # issue 15: per-client throttle and ban (the class's client rule and its refusals)
     "throttled_bytes", "throttled_packets", "banned_bytes", "banned_packets", "clients"}
 # The issue's contract for each entry of "classes".
@@ -420,6 +420,7 @@ def test_a_live_set_is_announced_to_every_peer_and_persisted(tmp_path):
         notes = [n for _, data in a.transport.sent for n in decode(data, None, CLUSTER).payload.limits]
         assert LimitNote(class_key("B"), 1, 750_000.0) in notes
         assert not a.set_limit({"class": "Z", "global": "1mbit"})["ok"]
+        assert a._unban({"prefix": "10.0.0.9", "class": "Z"})["error"] == "no class 'Z' (see drlctl classes)"
         assert "unit" in a.set_limit({"class": "B", "global": "6"})["error"]
     again, _ = file_agent(tmp_path, TWO, FakeDatapath())
     with again:
