@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from drl.agent.gossip import Received
-from drl.agent.membership import Membership, liveness_timeout
+from drl.agent.membership import Membership
 from drl.agent.wire import Batch, ClassValue, Header
 from drl.sim.network import Updates
 from drl.sim.views import ViewTable
