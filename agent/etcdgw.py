@@ -224,6 +224,9 @@ def _message(data: bytes) -> str:
     """etcd's error text from an error reply ({"error": ..., "message": ...}), else the body."""
     try:
         body = json.loads(data)
-        return str(body.get("message") or body.get("error") or body)
+        error = body.get("message") or body.get("error") or body
+        if isinstance(error, dict):      # a watch's {"error": {"grpc_code": 14, "message": ...}}
+            error = error.get("message") or error
+        return str(error)
     except (ValueError, AttributeError):
         return data[:200].decode(errors="replace").strip()

@@ -26,7 +26,8 @@ from drl.agent.etcdgw import EtcdError, Gateway, Watch, make_ssl_context
 from drl.agent.peers import AddressError, HostPort, format_addr, parse_hostport
 
 SCHEME = "etcd://"
-NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")     # cluster and class names: one path segment of a key
+NAME = re.compile(r"(?!\.+$)[A-Za-z0-9_.-]{1,64}")     # cluster and class names: one path segment of a key
+                                                      # (not . or ..: /drl/../ would read as a path)
 CALL_TIMEOUT_S = 1.0        # one request; a hung etcd counts as unreachable after this
 BACKOFF_S = (0.1, 1.0)      # first and longest wait between attempts
 
@@ -94,7 +95,7 @@ def registry_config(registry: str, cluster: str | None, ca: str | None = None, c
     if not cluster:
         raise RegistryError("--registry needs --cluster NAME: the agents of one cluster share it")
     if not NAME.fullmatch(cluster):
-        raise RegistryError(f"--cluster {cluster!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+        raise RegistryError(f"--cluster {cluster!r}: use 1-64 of A-Z a-z 0-9 _ . -, not dots alone")
     if bool(cert) != bool(key):
         raise RegistryError("--registry-cert and --registry-key go together (the client certificate and its key)")
     cfg = RegistryConfig(endpoints, cluster, ca, cert, key)

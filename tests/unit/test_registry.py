@@ -46,6 +46,7 @@ def test_bad_registry_urls_are_one_line(text, what):
 @pytest.mark.parametrize("cluster,kw,what", [
     (None, {}, "--registry needs --cluster NAME"),
     ("a/b", {}, "--cluster 'a/b'"),
+    ("..", {}, "--cluster '..': .*not dots alone"),
     ("prod", {"cert": "c.pem"}, "--registry-cert and --registry-key go together"),
     ("prod", {"ca": "/nonexistent/ca.pem"}, "cannot load the registry's TLS files"),
 ])
@@ -170,3 +171,12 @@ def test_import_of_an_unreachable_etcd_is_one_line(tmp_path):
     path.write_text('[[class]]\nname = "gold"\nglobal = "50mbit"\n')
     result = CliRunner().invoke(ctl_main, ["import", str(path), "--registry", "etcd://127.0.0.1:1", "--cluster", "t"])
     assert result.exit_code == 1 and "etcd unreachable: http://127.0.0.1:1: connection refused" in result.output
+
+
+def test_an_etcd_error_reply_is_its_message_not_a_dict():
+    """A watch's error is a JSON object; its repr went into the registry line and status."""
+    from drl.agent.etcdgw import _message
+    assert _message(b'{"error": {"grpc_code": 14, "http_code": 503, "message": "etcdserver: no leader"}}') \
+        == "etcdserver: no leader"
+    assert _message(b'{"error": "etcdserver: request timed out", "code": 14}') == "etcdserver: request timed out"
+    assert _message(b"<html>busy</html>") == "<html>busy</html>"
