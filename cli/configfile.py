@@ -27,6 +27,8 @@ from typing import Any, Iterable
 
 import click
 
+from drl.agent.registry import NAME     # one rule for class names: a class is also a key in etcd
+
 # Options that belong to one class; the rest are agent-wide.
 CLASS_OPTIONS = ("global_Bps", "allocator", "class_specs", "burst_bytes", "safe_Bps", "ewma", "flow_ewma",
                  "eta", "quota", "lease_servers", "on_lease_loss", "shadow", "enforce",
@@ -36,7 +38,6 @@ PER_CLASS_ONLY = ("global_Bps", "class_specs")        # a default for every clas
 NOT_IN_FILE = ("config",)          # the file does not name itself
 _FILE_KEY = {"class_specs": "match", "client_key": "client", "client_measure": "measure",
              "client_threshold": "threshold", "client_action": "action", "client_exempt": "exempt"}
-NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class ConfigFileError(Exception):
@@ -166,7 +167,7 @@ def _class(src: "_Source", table: Any, index: int, params: dict) -> dict[str, An
     name = table.pop("name", None)
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ConfigFileError(f"{src.at('class', index, 'name' if name is not None else None)}: [[class]] "
-                              f"#{index + 1}: needs name = \"...\" (1-64 of A-Z a-z 0-9 _ . -), got {name!r}")
+                              f"#{index + 1}: needs name = \"...\" (1-64 of A-Z a-z 0-9 _ . -, not dots alone), got {name!r}")
     if "global" not in table:
         raise ConfigFileError(f"{src.at('class', index, None)}: class {name!r}: missing global = \"RATE\"")
     opts = _table(src, table, "class", index, params, only=CLASS_OPTIONS, where=f"class {name!r}")

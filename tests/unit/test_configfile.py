@@ -102,6 +102,7 @@ def test_reload_reads_the_file_again_with_the_flags_on_top(tmp_path):
      "unknown key 'mbps'"),
     ('[[class]]\nname = "x"\nglobal = "1mbit"\n[[class]]\nname = "x"\nglobal = "2mbit"\n', ":5:", "defined twice"),
     ('[[class]]\nname = "a b"\nglobal = "1mbit"\n', ":2:", "needs name"),
+    ('[[class]]\nname = ".."\nglobal = "1mbit"\n', ":2:", "needs name"),
     ('[[class]]\nname = "x"\n', ":1:", "missing global"),
     ('[agent]\niface = "lo"\nnode_id = "a"\n[[class]]\nname = "x"\nglobal = "1mbit"\nmatch = ["dst=nowhere"]\n',
      "drl.toml:4: class 'x'", "not an address"),
