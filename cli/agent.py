@@ -25,7 +25,8 @@ from drl.agent.allocators import names as allocator_names
 from drl.agent.control import DEFAULT_SOCKET, ControlError, request
 from drl.agent import logs
 from drl.cli import configfile
-from drl.cli.params import CLIENT_KEY, DURATION, PREFIX, PROBABILITY, QUOTA, RATE, SIZE, SPAN, THRESHOLD, envvars_by_flag, version_option
+from drl.cli.params import (CLIENT_KEY, DURATION, PREFIX, PROBABILITY, QUOTA, RATE, SIZE, SPAN, THRESHOLD,
+                            envvars_by_flag, version_option)
 
 DEFAULT_PORT = 7470
 

@@ -167,7 +167,8 @@ def _class(src: "_Source", table: Any, index: int, params: dict) -> dict[str, An
     name = table.pop("name", None)
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ConfigFileError(f"{src.at('class', index, 'name' if name is not None else None)}: [[class]] "
-                              f"#{index + 1}: needs name = \"...\" (1-64 of A-Z a-z 0-9 _ . -, not dots alone), got {name!r}")
+                              f"#{index + 1}: needs name = \"...\" (1-64 of A-Z a-z 0-9 _ . -, not dots alone), "
+                              f"got {name!r}")
     if "global" not in table:
         raise ConfigFileError(f"{src.at('class', index, None)}: class {name!r}: missing global = \"RATE\"")
     opts = _table(src, table, "class", index, params, only=CLASS_OPTIONS, where=f"class {name!r}")
