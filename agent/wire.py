@@ -37,7 +37,10 @@ from . import drl_pb2, logs
 from .clients import BanNote, ClientReport, report_bytes
 from .model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
-VERSION = 2               # 2: every class's value in a Batch (1: one Update datagram per class)
+# 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one
+# as the other, so they refuse each other's datagrams); 2: every class's value in a Batch (1: one
+# Update datagram per class)
+VERSION = 3
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
 MIN_KEY_BYTES = 16
