@@ -62,6 +62,11 @@ class ClassConf:
         return class_key(self.name)
 
     @property
+    def shaped(self) -> bool:
+        """Queued in HTB rather than policed, at a bucket's rate; shadow wins (nothing is shaped)."""
+        return self.enforce == "shape" and not self.shadow
+
+    @property
     def match_rules(self) -> tuple[ClassRule, ...]:
         """The rules the datapath gets: no spec is one rule that matches every IP packet."""
         return self.rules or (ClassRule(),)

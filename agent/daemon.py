@@ -135,7 +135,7 @@ def kernel_shaper(cfg: Config) -> Shaper:
     shapes nothing puts back at once what a killed shape agent's HTB replaced: nothing else
     would (an operator who turned shape mode off after the crash kept the HTB for good)."""
     shaper = Shaper(cfg.iface, state_dir=cfg.state_dir)
-    if not any(c.enforce == "shape" and not c.shadow for c in cfg.classes):
+    if not any(c.shaped for c in cfg.classes):
         shaper.restore_leftover()
     return shaper
 
@@ -496,8 +496,7 @@ class Agent:
         except (ConfigError, ValueError) as e:      # one bad table in etcd must not keep every agent down
             if not cfg.classes:
                 raise RegistryError(f"etcd's classes do not check and this agent has none of its own: {e}") from None
-            self._classes_refused = str(e)
-            log.error("registry_classes_refused", error=str(e))
+            self._refuse_registry_classes(e)
             return cfg.classes
         if not confs:
             raise RegistryError(f"no class to limit: none given (--global, --config) and none in etcd under "
@@ -538,12 +537,16 @@ class Agent:
                 raise ConfigError("no class left: the agent keeps the ones it has")
             changes = self._apply_classes(confs)
         except (ConfigError, ValueError) as e:
-            self._classes_refused = str(e)
-            log.error("registry_classes_refused", error=str(e))
+            self._refuse_registry_classes(e)
             return
         self._classes_refused = None
         log.info("registry_classes", classes=len(self.table), added=list(changes.added),
                  changed=list(changes.changed), removed=list(changes.removed))
+
+    def _refuse_registry_classes(self, e: Exception) -> None:
+        """etcd's classes do not check: the agent keeps its own, says why, and shows it in status."""
+        self._classes_refused = str(e)
+        log.error("registry_classes_refused", error=str(e))
 
     def _follow_members(self, view: RegistryView) -> None:
         """The registry's members (and --peers) become the gossip targets and N; a lost one
@@ -631,7 +634,7 @@ class Agent:
         # shape mode queues a bucket's rate in HTB (agent/shaper.py); shadow wins (nothing is
         # shaped, would-be drops are counted), and a tick that decides PASS or DROP polices
         prio = 0
-        if run.conf.enforce == "shape" and d.mode == Mode.BUCKET and not run.conf.shadow:
+        if run.conf.shaped and d.mode == Mode.BUCKET:
             prio = self.shaper.set_rate(run.class_id, d.limit_Bps)     # 0: it failed (logged): police
         else:
             self.shaper.discard(run.class_id)

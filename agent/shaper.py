@@ -179,7 +179,7 @@ class Shaper:
             return False
         try:
             root = _root_qdisc(self._nl, self._ifindex)
-            if root and root["kind"] == "htb" and root["handle"] >> 16 == HTB_MAJOR:
+            if _ours(root):
                 return False
             self._install()
             for class_id, rate in self._rates.items():
@@ -199,7 +199,7 @@ class Shaper:
         try:
             self._open()
             root = _root_qdisc(self._nl, self._ifindex)
-            if not (root and root["kind"] == "htb" and root["handle"] >> 16 == HTB_MAJOR):
+            if not _ours(root):
                 self._state.unlink(missing_ok=True)
                 return False
             log.info("shaper_leftover", iface=self.iface, previous=saved["kind"])
@@ -217,7 +217,7 @@ class Shaper:
         previous, self._previous = self._previous, None
         self._rates.clear()
         root = _root_qdisc(self._nl, self._ifindex)
-        if root and root["kind"] == "htb" and root["handle"] >> 16 == HTB_MAJOR:
+        if _ours(root):
             _request(self._nl, _RTM_DELQDISC, 0, self._ifindex, 0, TC_H_ROOT, [])
         if previous["handle"]:            # not the kernel's default: add it again as dumped
             _request(self._nl, _RTM_NEWQDISC, _NLM_F_CREATE | _NLM_F_REPLACE, self._ifindex, previous["handle"],
@@ -275,7 +275,7 @@ class Shaper:
         """Remember the root qdisc (or a killed agent's record of it), then install ours."""
         self._open()
         root = _root_qdisc(self._nl, self._ifindex)
-        if root and root["kind"] == "htb" and root["handle"] >> 16 == HTB_MAJOR:
+        if _ours(root):
             previous = self._saved() or {"kind": "default", "handle": 0, "options": ""}
             log.info("shaper_leftover", iface=self.iface, previous=previous["kind"])
             _request(self._nl, _RTM_DELQDISC, 0, self._ifindex, 0, TC_H_ROOT, [])     # its classes too
@@ -356,6 +356,11 @@ def _qdiscs(sock: socket.socket, ifindex: int) -> list[dict]:
         out.append({"kind": attrs.get(_TCA_KIND, b"").rstrip(b"\0").decode(), "handle": handle_,
                     "parent": parent, "options": attrs.get(_TCA_OPTIONS, b"").hex()})
     return out
+
+
+def _ours(root: dict | None) -> bool:
+    """The root qdisc is our HTB (this agent's, or a killed one's)."""
+    return bool(root) and root["kind"] == "htb" and root["handle"] >> 16 == HTB_MAJOR
 
 
 def _root_qdisc(sock: socket.socket, ifindex: int) -> dict | None:
