@@ -1,6 +1,6 @@
 """Constants shared by bpf/limiter.c and Python: their one source.
 
-agent/datapath.py passes every name in :func:`cflags` to the compiler as a
+agent/kernel/datapath.py passes every name in :func:`cflags` to the compiler as a
 ``-D`` flag; bpf/limiter.h refuses to compile without them, so the C side can
 never disagree with what Python writes into the maps.
 """
@@ -28,12 +28,12 @@ MAX_CLIENT_EXEMPT = 1024
 # it deletes the old one.
 KEYS_PER_CLASS = 2
 # Rules one classification entry holds, its own and those pushed down from
-# covering prefixes (agent/classify.py).
+# covering prefixes (agent/kernel/classify.py).
 RULES_PER_KEY = 8
 # Distinct mark masks a rule set may use (each costs a hash lookup per packet).
 MAX_MARK_MASKS = 4
 # Distinct prefix lengths per direction (destination, source) a rule set may
-# use, counted as keys count them (agent/classify.py key_prefixlen: an IPv4
+# use, counted as keys count them (agent/kernel/classify.py key_prefixlen: an IPv4
 # and an IPv6 /24 are one length, "any" is 0).  Each length in use costs a
 # packet at most one hash lookup per direction; free slots cost nothing.
 MAX_PREFIX_LENGTHS = 8
@@ -57,7 +57,7 @@ PROB_ONE = 1 << 32
 # safe_rate_Bps meaning "no fail-safe limit".
 UNLIMITED = 2**64 - 1
 
-# The bucket in virtual time (bpf/limiter.c take_tokens, agent/bucket.py): a byte's
+# The bucket in virtual time (bpf/limiter.c take_tokens, agent/kernel/bucket.py): a byte's
 # price is 1e9 / rate in units of 2^-NS_FRAC_BITS ns.  MAX_NS_PER_BYTE (~7.5 bytes/s)
 # keeps len * ns_per_byte within 64 bits for any skb (< 2^20 bytes); MAX_DEPTH_NS
 # (~18 min) bounds a depth, and the credit limiter.c rescale converts.
@@ -88,7 +88,7 @@ CLOCK_COARSE = 1
 # attribute its cost (limiter.c SKIP_*: 1 flow table, 2 police, 4 clock, 8 classification).  0 in the agent.
 BENCH_SKIP = 0
 
-# A class's client rule (limiter.h class_config.client_*; agent/clients.py ClientRule):
+# A class's client rule (limiter.h class_config.client_*; agent/clients/table.py ClientRule):
 # which address is the client (0: the class has no client rule), what its bucket counts,
 # and which per-client maps the program looks in for the class.
 CLIENT_SIDES = {"dst": 1, "src": 2}

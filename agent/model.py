@@ -4,7 +4,7 @@ The estimator fills a :class:`Local`, membership (or sim/views.py) a
 :class:`PeerView`; an allocator (agent/allocators/, whose contract is documented
 there) turns a :class:`Snapshot` into a :class:`Step`; the daemon writes its
 :class:`Decision` to the datapath and hands its outbox of :class:`Envelope` to
-gossip, whose wire format (agent/wire.py) carries the same bodies.  This module
+gossip, whose wire format (agent/gossip/wire.py) carries the same bodies.  This module
 imports nothing of the agent but its constants (agent/abi.py), so every layer
 can import it.  Units: rates are bytes/s, volumes bytes, times seconds.
 """
@@ -20,7 +20,7 @@ from drl.agent import abi
 
 # FPS slow start ([Raghavan07] end of §3.2.2): 10 full frames a
 # second (TCP's initial window) still pass a token bucket set below that rate
-# (bpf/limiter.c police; agent/datapath.py writes it to every class config).
+# (bpf/limiter.c police; agent/kernel/datapath.py writes it to every class config).
 SLOW_START_Bps = 10 * 1514
 
 
@@ -51,10 +51,10 @@ class Local(NamedTuple):
 @dataclass(frozen=True)
 class PeerState:
     node_id: str
-    value: float       # last published value (newest wins: agent/gossip.py, "Loss compensation")
+    value: float       # last published value (newest wins: agent/gossip/core.py, "Loss compensation")
     alive: bool
     age_s: float       # seconds since we last heard from it
-    incarnation: int = 0   # its current life (agent/gossip.py header); 0 = unknown.  A new one
+    incarnation: int = 0   # its current life (agent/gossip/core.py header); 0 = unknown.  A new one
                            # means it restarted: what it held and its link state are gone
 
 
@@ -164,7 +164,7 @@ class Allocator(Protocol):
 
 def effective_limit(snap: Snapshot) -> float:
     """What this node and the alive peers may pass together: the global limit less what the
-    stale peers' datapaths may still pass (agent/membership.py), or, without that, less
+    stale peers' datapaths may still pass (agent/gossip/membership.py), or, without that, less
     1/N for every stale peer ([Raghavan07] §5.6; the simulator's rule)."""
     view = snap.view
     if view.reserved_Bps is not None:

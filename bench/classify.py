@@ -23,8 +23,8 @@ import ipaddress
 import statistics
 import struct
 
-from drl.agent.classes import ClassRule
-from drl.agent.datapath import Datapath
+from drl.agent.classes.spec import ClassRule
+from drl.agent.kernel.datapath import Datapath
 from drl.agent.model import Mode
 
 SYS_BPF = 321              # x86_64

@@ -23,7 +23,7 @@ many         ``--clients`` frames to as many addresses (10.0.0.0 + i), one run e
              against off.
 memory       memlock of each client map (/proc/self/fdinfo of its fd), empty and
              with ``--clients`` clients counted.
-agent tick   the agent's per-client work in one interval (agent/perclient.py
+agent tick   the agent's per-client work in one interval (agent/service/client_rules.py
              ClientRules.tick: drain client_heavy, read the windows of the clients
              it follows, ClientTable.tick_counts, write limits and bans) with
              ``--clients`` clients counted, ``--heavy`` of them at the reporting line
@@ -42,11 +42,11 @@ import time
 from types import SimpleNamespace
 
 from drl.agent import abi
-from drl.agent.classes import ClassRule
-from drl.agent.clients import client_rule, parse_client_key, parse_prefix, parse_threshold
-from drl.agent.datapath import Datapath
+from drl.agent.classes.spec import ClassRule
+from drl.agent.clients.table import client_rule, parse_client_key, parse_prefix, parse_threshold
+from drl.agent.kernel.datapath import Datapath
 from drl.agent.model import Mode
-from drl.agent.perclient import ClientRules
+from drl.agent.service.client_rules import ClientRules
 
 from classify import BPF_PROG_TEST_RUN, SYS_BPF, TestRunAttr, ns_per_run
 

@@ -13,7 +13,7 @@ Parts, each measured side by side in one run (never against an old number):
             qdisc at the same rate; goal >= 0.97 in every cell.
   depth     goodput at 50 Mbit/s, 4 flows, for bucket depths and both drop
             actions (how the defaults were chosen).
-  shape     shape mode (agent/shaper.py: HTB class + bfifo) over tbf of the same
+  shape     shape mode (agent/kernel/shaper.py: HTB class + bfifo) over tbf of the same
             burst and 50 ms queue, iperf3 goodput, 1/4/16 flows x 10/50/200 Mbit/s;
             goal >= 0.97.
   web       ab -c 20 -n 2000 of a 100 KB file from nginx on h2 through 30 Mbit/s of
@@ -40,9 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from drl.agent.datapath import Datapath, DatapathError, default_burst
+from drl.agent.kernel.datapath import Datapath, DatapathError, default_burst
 from drl.agent.model import Mode
-from drl.agent.shaper import Shaper, shape_burst
+from drl.agent.kernel.shaper import Shaper, shape_burst
 from drl.lab.errors import LabError
 from drl.lab.netns import Lab
 from drl.lab.topology import new_run, pair

@@ -16,7 +16,7 @@ import random
 import statistics
 import time
 
-from drl.agent.datapath import Counters, FlowKey, FlowSample
+from drl.agent.kernel.datapath import Counters, FlowKey, FlowSample
 from drl.agent.estimator import Estimator
 
 S = 1_000_000_000

@@ -42,8 +42,8 @@ from pyroute2 import IPRoute
 from pyroute2.netns import popns, pushns
 
 from drl.agent import abi
-from drl.agent import datapath as dpmod
-from drl.agent.datapath import Datapath
+from drl.agent.kernel import datapath as dpmod
+from drl.agent.kernel.datapath import Datapath
 from drl.agent.model import Mode
 from drl.lab.errors import LabError
 from drl.lab.traffic import iperf3_start

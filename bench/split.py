@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from drl.agent.fairness import jain
+from drl.lab.fairness import jain
 from drl.lab.agents import Cluster
 from drl.lab.measure import three_to_seven
 from drl.lab.netns import Lab

@@ -1,9 +1,9 @@
 /* drl's datapath: a tc egress classifier (clsact, direct-action) for IPv4/IPv6.
  *
  * Every packet goes classify -> clients -> police -> count -> tally, from map
- * state alone: the kernel never waits for Python (design.md).  agent/datapath.py
+ * state alone: the kernel never waits for Python (design.md).  agent/kernel/datapath.py
  * compiles this file with bcc, attaches it at egress, writes `settings`,
- * the classification maps (agent/classify.py lays them out), `config`,
+ * the classification maps (agent/kernel/classify.py lays them out), `config`,
  * `heartbeat` and the client maps, and reads `counters`, `bypass_counters`,
  * `flows`, `flows_visited`, `client_windows` and `client_heavy`.  A second
  * entry point, drl_ingress, drops banned clients' packets on their way in
@@ -25,7 +25,7 @@
  * of a value in one cache line (an array's values start at any multiple of 8
  * otherwise, per-CPU ones too). */
 BPF_F_TABLE("array", int, struct settings, settings, 1, BPF_F_MMAPABLE); /* agent writes; classify, visit read */
-/* Classification (agent/classify.py lays them out; the agent writes, classify
+/* Classification (agent/kernel/classify.py lays them out; the agent writes, classify
  * reads).  Every prefix of a direction sits in one hash, keyed by its length
  * and masked address, and settings lists the lengths in use: a packet costs
  * one hash lookup per length in use, whatever the number of classes.  An LPM
@@ -225,7 +225,7 @@ static __always_inline struct rule_list *longest_prefix(const __u8 *lengths, con
 }
 
 /* The packet's class, or NO_CLASS (bypass): mark rules, then the longest
- * destination prefix, then the longest source prefix (agent/classify.py).
+ * destination prefix, then the longest source prefix (agent/kernel/classify.py).
  * An entry carries the rules of the prefixes covering it after its own, so
  * the longest prefix's entry is the only one to read. */
 static __always_inline __s64 classify(const struct settings *s, const struct flow_key *k, __u32 mark)
@@ -489,13 +489,13 @@ static __always_inline int agent_ports(const struct settings *s, const struct fl
 
 /* The agent's own gossip is never policed, whatever the class rules say:
  * UDP from its listen port (gossip_port) sent by its own socket, which the
- * agent marks with gossip_mark (SO_MARK, agent/transport.py; the kernel
+ * agent marks with gossip_mark (SO_MARK, agent/gossip/transport.py; the kernel
  * copies sk_mark to skb->mark for every datagram it builds).  Both must
  * hold: any socket may use the port (another address, or as destination),
  * and only CAP_NET_ADMIN can set a mark.  Everything else on the port is
  * traffic like any other (issue 19: the port alone was a bypass).  With a
  * registry, its TCP connections to etcd's port carry the same mark
- * (agent/etcdgw.py): a lease renewal dropped by a class that matches every
+ * (agent/cluster/etcd.py): a lease renewal dropped by a class that matches every
  * packet would make the agent leave its own cluster. */
 static __always_inline int exempt(const struct settings *s, const struct flow_key *k, __u32 mark)
 {
@@ -514,7 +514,7 @@ static __always_inline __u64 wire_bytes(struct __sk_buff *skb)
 }
 
 /* The agent went silent: for timeout_ns neither this config was written
- * nor the agent's heartbeat, which every tick stamps (agent/daemon.py tick),
+ * nor the agent's heartbeat, which every tick stamps (agent/service/daemon.py tick),
  * so a class whose decision did not change needs no write to stay fresh.
  * Both stamps are the agent's CLOCK_MONOTONIC, like bpf_ktime_get_ns. */
 static __always_inline int stale(const struct class_config *c, __u64 now)
@@ -562,7 +562,7 @@ static __always_inline struct policy policy_of(const struct class_config *c, __u
 	return p;
 }
 
-/* A packet's price in ns, rounded up like the price per byte (agent/bucket.py),
+/* A packet's price in ns, rounded up like the price per byte (agent/kernel/bucket.py),
  * so the bucket never passes more than the rate: a truncated nanosecond per
  * packet would be 0.1 % too much at a million packets a second, whatever the
  * rate.  Rounding up costs at most as much the other way.  len < 2^20 (a
@@ -621,7 +621,7 @@ static __always_inline void rescale(struct gcra *b, const struct policy *p, __u6
  * same idea as sch_fq's and cilium's EDT horizons): tat is the moment the
  * bucket runs out, so credit = now - tat ns at the class's price, at most
  * depth_ns (a bucket idle for longer is full, not fuller).  No refill step,
- * no division: the agent priced the rate (agent/bucket.py).
+ * no division: the agent priced the rate (agent/kernel/bucket.py).
  *
  * A GSO skb passes or drops whole (it is one skb until the driver splits
  * it), so a packet passes while any credit is left (tat < now) and may take
@@ -735,7 +735,7 @@ static __always_inline __u64 police(__u32 class_id, __u64 len, __u64 now)
 	return VERDICT_PASS;
 }
 
-/* Shape mode (config.shape_prio, agent/shaper.py): the class is queued, not policed.  Its
+/* Shape mode (config.shape_prio, agent/kernel/shaper.py): the class is queued, not policed.  Its
  * packets pass with skb->priority = its HTB class d1d1:<id+1>; HTB takes a priority that
  * names one of its leaf classes before any filter (sch_htb.c htb_classify), and this clsact
  * egress hook runs in __dev_queue_xmit before the root qdisc's enqueue, so HTB sees it.
@@ -842,7 +842,7 @@ static __always_inline void roll(struct client_window *w, __u64 index)
 }
 
 /* The sliding estimate cur + prev x (the share of the previous window still
- * in the last W): agent/clients.py sliding_count, the weight in 2^-16 units
+ * in the last W): agent/clients/table.py sliding_count, the weight in 2^-16 units
  * (into < W <= 2^47 ns: (W - into) << 16 fits; prev < 2^48 units). */
 static __always_inline __u64 sliding(const struct client_window *w, __u64 window_ns, __u64 index, __u64 now)
 {
@@ -1022,7 +1022,7 @@ static __always_inline void tally_flow(const struct settings *s, struct flow_mem
 #define SKIP_CLOCK 4    /* now = 0: only with SKIP_POLICE (a bucket at time 0 refuses all) */
 #define SKIP_CLASSIFY 8 /* every packet in class 0 */
 
-/* Attached at tc egress (clsact, direct-action) by agent/datapath.py:
+/* Attached at tc egress (clsact, direct-action) by agent/kernel/datapath.py:
  * parse -> classify -> clients -> police -> count -> tally. */
 int drl_egress(struct __sk_buff *skb)
 {
@@ -1075,7 +1075,7 @@ static __always_inline void reverse(struct flow_key *k)
 	k->dport = port;
 }
 
-/* Attached at tc ingress (clsact, direct-action) by agent/datapath.py while
+/* Attached at tc ingress (clsact, direct-action) by agent/kernel/datapath.py while
  * some class has a ban rule: a banned client's requests stop here instead of
  * costing the server, and its connections cannot even start.  parse ->
  * reverse -> classify -> banned?  Nothing else is done or counted here.

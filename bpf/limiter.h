@@ -1,6 +1,6 @@
-/* Structs and constants shared by bpf/limiter.c and agent/datapath.py.
+/* Structs and constants shared by bpf/limiter.c and agent/kernel/datapath.py.
  *
- * Python never re-declares these layouts: agent/datapath.py reads and writes
+ * Python never re-declares these layouts: agent/kernel/datapath.py reads and writes
  * every map through bcc's table.Key / table.Leaf types, which bcc builds from
  * the definitions below.  Keep them fixed-width with explicit padding so the
  * layout is the same on every compiler.
@@ -10,7 +10,7 @@
 #include <linux/types.h>
 
 /* Every constant below comes from agent/abi.py, the one source for both
- * sides: agent/datapath.py passes them as -D flags (abi.cflags()).  The
+ * sides: agent/kernel/datapath.py passes them as -D flags (abi.cflags()).  The
  * guards make a compile without them fail loudly instead of drifting. */
 #ifndef MAX_FLOWS
 #error "MAX_FLOWS comes from agent/abi.py"
@@ -65,7 +65,7 @@
 #if !defined(MODE_PASS) || !defined(MODE_BUCKET) || !defined(MODE_DROP)
 #error "MODE_* come from agent/abi.py"
 #endif
-/* The bucket's fixed point (limiter.c take_tokens, agent/bucket.py), how
+/* The bucket's fixed point (limiter.c take_tokens, agent/kernel/bucket.py), how
  * often flows visit the flow table (tally_flow, settle), the clock, the
  * memo, and the bench-only parts left out (bench/datapath.py; 0 in the agent). */
 #if !defined(NS_FRAC_BITS) || !defined(MAX_DEPTH_NS) || !defined(FLOW_VISIT_NS) || !defined(FLOW_MAX_GAP) || \
@@ -76,8 +76,8 @@
 #error "CLOCK_COARSE, MEMO_BITS, MEMO_CLASS, MAX_CPUS, BENCH_SKIP come from agent/abi.py"
 #endif
 
-/* One rule of a classification entry (agent/classify.py places them).
- * Written by agent/datapath.py (_encode_rule) from agent/classes.py ClassRule.
+/* One rule of a classification entry (agent/kernel/classify.py places them).
+ * Written by agent/kernel/datapath.py (_encode_rule) from agent/classes/spec.py ClassRule.
  * A field matches when (packet ^ value) & mask == 0: a zero mask matches
  * anything (limiter.c rule_matches says why masks, not "0 = any").
  * Addresses are in network byte order; an IPv4 address uses word 0 only. */
@@ -99,7 +99,7 @@ struct rule {
 
 /* Value of every classification map: rules[i], i < n, tried in
  * order; the first match wins.  An entry carries its own rules, then those
- * of the shorter prefixes covering it (agent/classify.py, push-down). */
+ * of the shorter prefixes covering it (agent/kernel/classify.py, push-down). */
 struct rule_list {
 	__u32 n;
 	__u32 pad0;
@@ -111,7 +111,7 @@ struct rule_list {
  * "any address" is prefixlen 0 (family 0 too), an IPv4 /24 is 8 + 24.  The
  * address is masked to the prefix, so a packet finds the entry of its
  * prefix of a given length by masking its own address (limiter.c net_key).
- * Written by agent/datapath.py (_encode_prefix). */
+ * Written by agent/kernel/datapath.py (_encode_prefix). */
 struct net_key {
 	__u32 prefixlen;
 	__u32 addr[4];      /* network byte order, as in rule; IPv4 uses word 0 */
@@ -126,11 +126,11 @@ struct mark_key {
 };
 
 /* settings[0]: run-time knobs that are not per class.  Written by
- * agent/datapath.py (set_rules, set_sample_probability, the constructor).
+ * agent/kernel/datapath.py (set_rules, set_sample_probability, the constructor).
  * With abi.py's 4 masks and 8 lengths there is no padding.
  * An update of an array value is a copy in place, not atomic: a packet may
  * read some slots before it and some after.  So mark masks and prefix
- * lengths keep their slot while they are in use (agent/classify.py): a slot
+ * lengths keep their slot while they are in use (agent/kernel/classify.py): a slot
  * read mid-update holds the old or the new value, each of them safe
  * (Datapath.set_rules says why). */
 struct settings {
@@ -148,8 +148,8 @@ struct settings {
 };
 
 /* config[class_id]: what the agent decided for a class.
- * Written only by agent/datapath.py (set_class); read by the program.
- * A rate is also kept as time, worked out by agent/bucket.py (bucket_times)
+ * Written only by agent/kernel/datapath.py (set_class); read by the program.
+ * A rate is also kept as time, worked out by agent/kernel/bucket.py (bucket_times)
  * so that a packet never divides (limiter.c take_tokens): *ns_per_byte is
  * 1e9 / rate in 2^-NS_FRAC_BITS ns (0 = rate 0), *depth_ns the depth at that
  * price.  What a packet of a class without a client rule reads comes first,
@@ -164,10 +164,10 @@ struct class_config {
 	                            * (the agent's last tick) the safe rate applies (limiter.c stale) */
 	__u64 drop_prob;           /* MODE_DROP, out of PROB_ONE */
 	__u32 mode;                /* MODE_* */
-	__u32 quota_seq;           /* 0 = no quota; agent/datapath.py bumps it on every new allowance */
+	__u32 quota_seq;           /* 0 = no quota; agent/kernel/datapath.py bumps it on every new allowance */
 	__u32 shape_prio;          /* 0 = police; else the class's HTB handle, set as skb->priority (limiter.c shape) */
 	__u8  shadow;              /* 1 = a would-be drop is counted as dropped but passed (limiter.c refuse) */
-	/* The class's client rule (agent/clients.py ClientRule; limiter.c clients), written by
+	/* The class's client rule (agent/clients/table.py ClientRule; limiter.c clients), written by
 	 * set_client_rule and kept by set_class.  client_side 0: no rule, the only field a
 	 * packet of the class then reads. */
 	__u8  client_side;         /* 0, CLIENT_DST or CLIENT_SRC: the address that is the client */
@@ -200,7 +200,7 @@ struct gcra {
 
 /* buckets[class_id]: bucket and quota state, written by the program (two
  * CPUs may police the same class at once: tat with atomics, the quota under
- * the lock).  agent/datapath.py reads quota_left (read_quota) and writes
+ * the lock).  agent/kernel/datapath.py reads quota_left (read_quota) and writes
  * tat = now in reset_class (an empty bucket). */
 struct bucket {
 	struct bpf_spin_lock lock; /* quota only */
@@ -211,7 +211,7 @@ struct bucket {
 };
 
 /* counters[class_id] (per CPU) and bypass_counters[0] (per CPU; unmatched or exempt
- * packets, dropped_* stay 0).  Written by the program; agent/datapath.py
+ * packets, dropped_* stay 0).  Written by the program; agent/kernel/datapath.py
  * sums the CPUs (read_counters, read_bypass).  Bytes are what the limit
  * counts: see wire_bytes() in limiter.c. */
 struct counters {
@@ -270,7 +270,7 @@ struct flow_memo {
 
 /* flows: value.  Created by the program for a sampled new flow, updated on
  * a later visit (limiter.c visit), started over when the rules move the
- * flow to another class, and copied to flows_visited then; agent/datapath.py
+ * flow to another class, and copied to flows_visited then; agent/kernel/datapath.py
  * reads both (read_flows).  bytes/packets count what passed the limiter. */
 struct flow_stats {
 	__u64 bytes;
@@ -282,7 +282,7 @@ struct flow_stats {
 };
 
 /* Key of every per-client map but client_exempt: a client of a class, its address cut to
- * the class's prefix (class_config.client_mask*).  Written by agent/datapath.py
+ * the class's prefix (class_config.client_mask*).  Written by agent/kernel/datapath.py
  * (_client_key) and the program (limiter.c client_of); read_heavy decodes it. */
 struct client_key {
 	__u32 class_id;
@@ -293,7 +293,7 @@ struct client_key {
 
 /* client_windows: a client's sliding window counter ([RLDesign] "Sliding window counter
  * algorithm") in its class's measure: the count of the fixed window [index W, (index + 1) W)
- * of the program's clock and of the one before, as agent/clients.py Windows keeps them.
+ * of the program's clock and of the one before, as agent/clients/table.py Windows keeps them.
  * Arrivals (throttled or not; not what a ban dropped, nor exempt addresses).  Written by
  * the program (atomic adds); the agent reads the entries of the clients it follows
  * (client_counts) and deletes those whose count must start over (forget_clients). */
@@ -308,7 +308,7 @@ struct client_window {
 };
 
 /* client_limits: a throttled client's bucket.  The prices and depths are written by
- * agent/datapath.py set_client_limits (agent/bucket.py unit_times, per unit of the
+ * agent/kernel/datapath.py set_client_limits (agent/kernel/bucket.py unit_times, per unit of the
  * class's client_measure); gcra is the program's, set empty (tat = now) on a new entry. */
 struct client_bucket {
 	struct gcra gcra;
@@ -320,7 +320,7 @@ struct client_bucket {
 
 /* client_exempt: an LPM trie of exempt prefixes per class.  The data compared is class_id,
  * family, then the address, so prefixlen is 64 + the prefix's length.  Written by
- * agent/datapath.py set_client_rule; the value is unused (1). */
+ * agent/kernel/datapath.py set_client_rule; the value is unused (1). */
 struct exempt_key {
 	__u32 prefixlen;
 	__u32 class_id;

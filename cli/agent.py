@@ -22,7 +22,7 @@ from click.core import ParameterSource
 
 from drl.agent.abi import GOSSIP_MARK, MAX_CLIENTS
 from drl.agent.allocators import names as allocator_names
-from drl.agent.control import DEFAULT_SOCKET, ControlError, request
+from drl.agent.service.control import DEFAULT_SOCKET, ControlError, request
 from drl.agent import logs
 from drl.cli import configfile
 from drl.cli.params import (CLIENT_KEY, DURATION, PREFIX, PROBABILITY, QUOTA, RATE, SIZE, SPAN, THRESHOLD,
@@ -144,8 +144,8 @@ def up(ctx: click.Context, config: str | None, **opts) -> None:
       drl-agent up --iface eth0 --global 50mbit --listen 10.0.0.1:7470 \\
           --registry etcd://10.0.0.9:2379 --cluster prod --key-file /etc/drl/cluster.key
     """
-    from drl.agent.config import ConfigError
-    from drl.agent.daemon import run
+    from drl.agent.config.build import ConfigError
+    from drl.agent.service.daemon import run
 
     explicit = {name for name in opts
                 if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
@@ -162,7 +162,7 @@ def load_config(path: str | None, opts: dict, explicit: set[str], check_host: bo
     ``explicit``; its ``reload`` re-reads the file with the same flags on top, and its
     ``live_classes`` puts the registry's classes on top of the file as last read (an
     edit not yet reloaded does not go live with a change in etcd; configfile.merge)."""
-    from drl.agent.config import ConfigError, build_classes, build_config
+    from drl.agent.config.build import ConfigError, build_classes, build_config
 
     def read() -> configfile.FileConfig | None:
         try:

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import click
 
-from drl.agent.registry import NAME     # one rule for class names: a class is also a key in etcd
+from drl.agent.cluster.registry import NAME     # one rule for class names: a class is also a key in etcd
 
 # Options that belong to one class; the rest are agent-wide.
 CLASS_OPTIONS = ("global_Bps", "allocator", "class_specs", "burst_bytes", "safe_Bps", "ewma", "flow_ewma",
@@ -137,7 +137,7 @@ def class_tables(path: str, command: click.Command) -> list[dict[str, Any]]:
 
 
 def located(path: str | None, message: str) -> str:
-    """A class's refusal found past parsing ("class 'gold': ..." from agent/config.py), at its
+    """A class's refusal found past parsing ("class 'gold': ..." from agent/config/build.py), at its
     [[class]] table's line when the file defines that class; other messages as they are."""
     found = re.match(r"class '([^']+)': ", message)
     if not path or not found:

@@ -18,7 +18,7 @@ import sys
 
 import click
 
-from drl.agent.control import DEFAULT_SOCKET, ControlError, request
+from drl.agent.service.control import DEFAULT_SOCKET, ControlError, request
 from drl.agent.units import UnitError, format_rate, format_size, parse_rate
 from drl.cli.params import envvars_by_flag, version_option
 from drl.cli.top import top
@@ -259,7 +259,7 @@ def import_file(path: str, registry: str, cluster: str, registry_ca: str | None,
     Examples:
       drlctl import /etc/drl/drl.toml --registry etcd://10.0.0.9:2379 --cluster prod
     """
-    from drl.agent.registry import RegistryError, import_classes, registry_config
+    from drl.agent.cluster.registry import RegistryError, import_classes, registry_config
 
     try:
         tables = checked_class_tables(path)
@@ -273,7 +273,7 @@ def import_file(path: str, registry: str, cluster: str, registry_ca: str | None,
 def checked_class_tables(path: str) -> list[dict]:
     """FILE's [[class]] tables, refused (ClickException, file:line where known) unless the agent
     would accept them: the file's syntax and types, then each class as a ClassConf."""
-    from drl.agent.config import ConfigError, build_classes
+    from drl.agent.config.build import ConfigError, build_classes
     from drl.cli import agent, configfile
 
     try:

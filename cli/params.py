@@ -9,7 +9,8 @@ import importlib.util
 
 import click
 
-from drl.agent import clients, units
+from drl.agent.clients import table as clients
+from drl.agent import units
 
 
 def version_option(command):
@@ -106,7 +107,7 @@ class SpanType(_UnitType):
 
 
 class ClientKeyType(_UnitType):
-    """Who a client is: 'dst/32', 'dst/24/56', 'src/64' (agent/clients.py)."""
+    """Who a client is: 'dst/32', 'dst/24/56', 'src/64' (agent/clients/table.py)."""
     name = "client-key"
     parse = staticmethod(clients.parse_client_key)
 

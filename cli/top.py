@@ -21,7 +21,7 @@ from typing import Callable
 
 import click
 
-from drl.agent.control import ControlError, request
+from drl.agent.service.control import ControlError, request
 from drl.agent.units import format_rate, format_size
 
 Status = dict

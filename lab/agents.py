@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from drl.agent.control import ControlError, request
+from drl.agent.service.control import ControlError, request
 from drl.agent.units import to_bps
 
 from .errors import LabError

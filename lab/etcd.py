@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from drl.agent.peers import format_addr
+from drl.agent.gossip.peers import format_addr
 from drl.lab.errors import LabError
 from drl.lab.netns import Host, stop
 

@@ -6,7 +6,7 @@
 Utilization at two timescales (Fig. 4), per-limiter shares, convergence
 time after a change (Fig. 6, 7, 9), and the web table (Table 1).  ``within``
 is THE tolerance rule of the project: tests and experiments import it from
-here (Jain's index, Fig. 5, lives in agent/fairness.py, which sim/ shares).
+here (Jain's index, Fig. 5, lives in lab/fairness.py, which sim/ shares).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from drl.agent.fairness import jain
+from drl.lab.fairness import jain
 from drl.agent.units import to_bps
 
 from . import metrics

@@ -6,7 +6,7 @@
 The JSON comes from the lab's own reader and planner (lab/reader.py,
 lab/topology.py, lab/agents.py, lab/traffic.py), so a VM gets exactly the
 addresses, routes, shaping, agent options and traffic commands that the
-namespace lab uses; tests/unit/test_lab_vagrant.py checks the shipped files
+namespace lab uses; tests/unit/lab/test_lab_vagrant.py checks the shipped files
 are current and that vagrant/topology.rb reads them back the same.
 """
 from __future__ import annotations

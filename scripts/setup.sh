@@ -26,7 +26,7 @@ APT_PKGS+=(iputils-ping)
 # apache2-utils (ab) and nginx-light: the shaping benchmark (bench/datapath.py --part shape)
 APT_PKGS+=(apache2-utils nginx-light)
 # prometheus: /usr/bin/prometheus and promtool for tests/kernel/test_prometheus.py and
-# tests/unit/test_metrics.py (installed below without its recommends: node-exporter, snmp, ...)
+# tests/unit/service/test_metrics.py (installed below without its recommends: node-exporter, snmp, ...)
 # vagrant is only used to `vagrant validate` the Vagrantfile; skip with DRL_NO_VAGRANT=1
 [ "${DRL_NO_VAGRANT:-0}" = 1 ] || APT_PKGS+=(vagrant)
 say "installing Debian packages: ${APT_PKGS[*]}"
@@ -68,7 +68,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e '.[test]'
-# grpcio-tools only bundles protoc, for the test that agent/drl_pb2.py matches
+# grpcio-tools only bundles protoc, for the test that agent/gossip/drl_pb2.py matches
 # drl.proto; its grpcio runtime dependency is not needed for that (--no-deps).
 "$VENV/bin/python" -m pip install -q --no-deps grpcio-tools==1.85.1
 "$VENV/bin/python" -c 'import bcc' || { echo "setup: bcc does not import from $VENV" >&2; exit 1; }

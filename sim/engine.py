@@ -42,8 +42,8 @@ import numpy as np
 from drl.agent.allocators import create
 from drl.agent.allocators.graph import Graph
 from drl.agent.estimator import Estimator
-from drl.agent.gossip import Cycle
-from drl.agent.membership import liveness_timeout
+from drl.agent.gossip.core import Cycle
+from drl.agent.gossip.membership import liveness_timeout
 from drl.agent.model import Envelope, Mode, Snapshot
 
 from .network import Network

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from drl.agent.fairness import jain  # noqa: F401  (sim.gdrl_graphs, sim.scale import it from here)
+from drl.lab.fairness import jain  # noqa: F401  (sim.gdrl_graphs, sim.scale import it from here)
 
 if TYPE_CHECKING:
     from .engine import Setup, Simulation

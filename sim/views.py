@@ -16,7 +16,7 @@ a peer heard ``stale_ticks`` or more ticks ago is not alive and its value
 counts zero; any accepted datagram (``touch``) is a sign of life.
 An update older than the newest one seen from the same sender (reordered by
 the network's jitter) does not overwrite it, but shows the sender alive.
-tests/unit/test_stale_rule.py holds this table to agent.membership.  Loss *detection* is
+tests/unit/gossip/test_stale_rule.py holds this table to agent.membership.  Loss *detection* is
 sim.wiretap's job, with the agent's own SeqWindow.
 
 Membership, as a registry's watch gives it to agent.membership (``set_peers``):

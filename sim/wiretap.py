@@ -24,8 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from drl.agent import wire
-from drl.agent.gossip import new_incarnation
+from drl.agent.gossip import wire
+from drl.agent.gossip.core import new_incarnation
 from drl.agent.model import Envelope
 
 IP_UDP_BYTES = 28

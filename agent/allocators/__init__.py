@@ -25,7 +25,7 @@ sets ``needs_member_ids = True``: the agent then requires every peer to be
 named (``--peers ID@HOST:PORT``) before it starts.  Units: rates are bytes/s,
 amounts of volume are bytes, times are seconds (see agent/units.py).
 
-The agent (agent/daemon.py) and the simulator (sim/) both build allocators
+The agent (agent/service/daemon.py) and the simulator (sim/) both build allocators
 only through ``create``, so they always run the same code.
 
 Members change at run time (joins, leaves, restarts under an old id): an

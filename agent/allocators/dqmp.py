@@ -148,7 +148,7 @@ class Dqmp:
                             info=self._info(st, snap, allowance, level, uplink))
         return Step(state=dataclasses.replace(st, rounds=st.rounds + 1), decision=decision, outbox=out)
 
-    # The agent keeps a snapshot of any allocator that has these two (agent/daemon.py).
+    # The agent keeps a snapshot of any allocator that has these two (agent/service/daemon.py).
     def dump_state(self, state: DqmpState) -> dict[str, Any]:
         return to_dict(state)
 

@@ -25,7 +25,7 @@ Choices where the paper leaves room, each explained at its code:
   aggregates as bottlenecked and cut their limit to their demand, again and
   again.  The price: a bottlenecked aggregate whose limit comes within 5 % of
   its demand re-enters regime 1 and probes for more, the oscillation §3.2.2
-  calls necessary (tests/unit/test_alloc_fps.py measures it on Fig. 7's case).
+  calls necessary (tests/unit/allocators/test_alloc_fps.py measures it on Fig. 7's case).
 * ``fair_band`` (0.4): the rate of an unbottlenecked flow (line 6's "max
   flow rate") is the mean rate of the sampled flows within this share of the
   fastest, not the fastest alone.  Flows sharing one bucket do not share it

@@ -71,7 +71,7 @@ cluster is starting (take the genesis share) or it is restarting (take
 nothing: its share is with its best friend).  The decision rests on the
 node's own saved state: the agent writes ``dump_state`` to its state
 directory every tick and, on start, gives a saved state to ``load_state``
-(agent/tenants.py StateFile); ``load_state`` returns a *rejoiner*.  No saved
+(agent/service/class_table.py StateFile); ``load_state`` returns a *rejoiner*.  No saved
 state and ``join=False``: a founder.  So a cluster started afresh must start
 with empty state directories, and a node added later is started with ``join``.
 """
@@ -162,7 +162,7 @@ class Gdrl:
 
     def initial_state(self, node_id: str, members: tuple[str, ...]) -> DiffusionState:
         """``members``: the founders.  A node not among them joins (an agent with a registry
-        starts a class from the founders etcd keeps, agent/registry.py)."""
+        starts a class from the founders etcd keeps, agent/cluster/registry.py)."""
         members = tuple(sorted(members))
         if self.join or node_id not in members:
             others = [m for m in members if m != node_id]
@@ -176,7 +176,7 @@ class Gdrl:
     def step(self, state: DiffusionState, snap: Snapshot) -> Step:
         return diffusion_step(self, state, snap)
 
-    # The agent saves this every tick and hands it back on a restart (agent/tenants.py).
+    # The agent saves this every tick and hands it back on a restart (agent/service/class_table.py).
     def dump_state(self, state: DiffusionState) -> dict[str, Any]:
         return {"node_id": state.node_id, "genesis": list(state.genesis), "neighbours": list(state.neighbours),
                 "eta": state.eta}

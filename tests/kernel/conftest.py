@@ -75,7 +75,7 @@ def server(net):
 @pytest.fixture
 def datapath(net):
     """Factory: Datapath attached to h1's eth0; every one made is closed afterwards."""
-    from drl.agent.datapath import Datapath
+    from drl.agent.kernel.datapath import Datapath
 
     made = []
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from drl.agent.fairness import jain
+from drl.lab.fairness import jain
 from drl.lab.agents import GOSSIP_PORT as PORT, Agent
 from drl.lab.measure import sink_rate_bps, tc_show, tcp_rate_at_sink, three_to_seven
 from drl.lab.metrics import within
@@ -109,8 +109,8 @@ def test_datagram_signed_with_the_wrong_key_is_rejected_and_changes_nothing(net3
 
 def _forged_update(sender: str) -> bytes:
     """A well-formed update claiming to be from ``sender``, tagged with a key nobody has."""
-    from drl.agent.config import class_key
-    from drl.agent.wire import Batch, ClassValue, Header, Message, encode
+    from drl.agent.config.build import class_key
+    from drl.agent.gossip.wire import Batch, ClassValue, Header, Message, encode
     msg = Message(Header(cluster="drl", node=sender, seq=10**6, incarnation=2**50, sent_at=0.0),
                   Batch((ClassValue(class_key("default"), 1, 1e12),)))
     return encode(msg, b"not-the-cluster-key-0123456789ab")

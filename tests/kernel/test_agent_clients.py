@@ -85,7 +85,7 @@ def probe(client: Host, targets: list[Host], every_s: float, seconds: float) -> 
 
 
 def clients(agent: Agent) -> dict[str, dict]:
-    from drl.agent.control import request
+    from drl.agent.service.control import request
     reply = request(agent.socket, "clients", limit=50)
     return {row["client"]: row for c in reply["classes"] for row in c["clients"]}
 
@@ -196,7 +196,7 @@ def test_a_ban_outlives_a_killed_agent_and_ends_on_time(net, cluster):
 def test_a_client_throttled_on_its_only_host_stays_at_its_threshold(net, cluster):
     """A throttled BBR flow dips under its share now and then: released at 90 % of the
     threshold, it came back at full speed each time (5.99 Mbit/s against 4; cubic held at
-    4.01).  A throttled client is released below half the threshold (agent/clients.py)."""
+    4.01).  A throttled client is released below half the threshold (agent/clients/table.py)."""
     server, client = net.hosts
     cluster(net).start(server, [], "fps", "100mbit", "--client-key", "dst/32", "--client-threshold", "4mbit")
     with iperf3_server(client) as srv:

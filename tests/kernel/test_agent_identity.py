@@ -15,9 +15,9 @@ import struct
 
 import pytest
 
-from drl.agent.config import class_key
-from drl.agent.daemon import CLUSTER
-from drl.agent.wire import Batch, ClassValue, Header, LimitNote, Message, encode, load_key
+from drl.agent.config.build import class_key
+from drl.agent.service.daemon import CLUSTER
+from drl.agent.gossip.wire import Batch, ClassValue, Header, LimitNote, Message, encode, load_key
 from drl.lab.agents import GOSSIP_PORT as PORT
 
 pytestmark = pytest.mark.kernel

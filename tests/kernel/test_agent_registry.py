@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from drl.agent.control import ControlError, request
+from drl.agent.service.control import ControlError, request
 from drl.cli.ctl import render_set
 from drl.lab.agents import installed
 from drl.lab.etcd import Etcd

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from drl.agent.model import Mode
-from drl.agent.classes import parse_class, parse_classes
+from drl.agent.classes.spec import parse_class, parse_classes
 from drl.lab.measure import tc_show
 from drl.lab.netns import poll
 from drl.lab.metrics import within
@@ -173,7 +173,7 @@ def test_stale_config_falls_back_to_the_safe_rate(net, server, datapath):
 
 @pytest.mark.slow
 def test_a_crashed_owner_leaves_the_safe_rate_enforced_until_the_next_one_takes_over(net, server, datapath):
-    """close(detach=False), what a crashed agent does (agent/daemon.py serve): the filter and
+    """close(detach=False), what a crashed agent does (agent/service/daemon.py serve): the filter and
     the maps it holds stay, and the stale config falls back to the safe rate.  The next
     Datapath replaces the filter and its stop leaves nothing."""
     h1 = net.hosts[0]
@@ -223,7 +223,7 @@ def test_exempt_gossip_is_never_policed(net, datapath):
 
 _DIAL = """
 import socket, sys
-from drl.agent.etcdgw import Gateway
+from drl.agent.cluster.etcd import Gateway
 host, port, mark = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 try:
     if mark:
@@ -236,7 +236,7 @@ except OSError:
 
 
 def test_the_registry_connections_are_never_policed(net, datapath):
-    """The agent's etcd connections (agent/etcdgw.py: TCP to the registry's port with the
+    """The agent's etcd connections (agent/cluster/etcd.py: TCP to the registry's port with the
     gossip mark) pass a class that drops every TCP packet; unmarked, or to another port, not."""
     from drl.agent.abi import GOSSIP_MARK
     h1, h2 = net.hosts

@@ -1,4 +1,4 @@
-"""Classification at scale (agent/classify.py, bpf/limiter.c classify): h1 (10.0.0.1) -> h2 (10.0.0.2).
+"""Classification at scale (agent/kernel/classify.py, bpf/limiter.c classify): h1 (10.0.0.1) -> h2 (10.0.0.2).
 
 Run: sudo .venv/bin/python -m pytest -q tests/kernel/test_datapath_classify.py
 """
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from drl.agent.classes import ClassRule, parse_class
-from drl.agent.datapath import Counters, now_ns
+from drl.agent.classes.spec import ClassRule, parse_class
+from drl.agent.kernel.datapath import Counters, now_ns
 from drl.agent.model import Mode
 from drl.lab.measure import sink_rate_bps, tc_show
 from drl.lab.metrics import within

@@ -4,7 +4,7 @@ Run: sudo .venv/bin/python -m pytest -q tests/kernel/test_datapath_clients.py
 
 h2 answers on 10.0.0.2, and on 10.0.0.3 and 10.0.0.4 added here: three clients
 of h1's egress classes in one /24.  A Datapath on h1's eth0, driven directly
-(the agent's share and ban decisions are agent/clients.py's, tested apart).
+(the agent's share and ban decisions are agent/clients/table.py's, tested apart).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import time
 import pytest
 
 from drl.agent import abi
-from drl.agent.bucket import cost_ns, unit_times
-from drl.agent.classes import parse_classes
-from drl.agent.clients import client_rule, parse_client_key, parse_prefix, parse_threshold
-from drl.agent.datapath import DatapathError
+from drl.agent.kernel.bucket import cost_ns, unit_times
+from drl.agent.classes.spec import parse_classes
+from drl.agent.clients.table import client_rule, parse_client_key, parse_prefix, parse_threshold
+from drl.agent.kernel.datapath import DatapathError
 from drl.agent.model import Mode
 from drl.lab.errors import LabError
 from drl.lab.measure import tc_show
@@ -99,7 +99,7 @@ def test_clients_are_counted_per_prefix_in_their_windows_and_flagged_at_the_line
 
 def test_a_sliding_window_weighs_the_window_before(lab, datapath):
     """A 1-s window: what came in the last window counts less the further into this one
-    (agent/clients.py sliding_count on the kernel's two windows)."""
+    (agent/clients/table.py sliding_count on the kernel's two windows)."""
     h1, _ = lab.hosts
     dp = datapath(classes=parse_classes(["proto=udp"]))
     dp.set_client_rule(0, rule("dst/32", "packets", window="1s"))

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from drl.agent.control import request
+from drl.agent.service.control import request
 from drl.lab.measure import rx_bytes
 from drl.lab.traffic import iperf3_server, iperf3_start
 

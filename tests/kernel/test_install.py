@@ -85,7 +85,7 @@ def install(tmp_path_factory):
 
 def test_the_wheel_carries_the_bpf_sources_and_the_schema(install):
     names = set(zipfile.ZipFile(install.wheel).namelist())
-    for path in ("drl/bpf/limiter.c", "drl/bpf/limiter.h", "drl/agent/drl.proto", "drl/agent/drl_pb2.py"):
+    for path in ("drl/bpf/limiter.c", "drl/bpf/limiter.h", "drl/agent/gossip/drl.proto", "drl/agent/gossip/drl_pb2.py"):
         assert path in names, path
     assert not any(n.startswith(("tests/", "drl/tests/", "bench/", "vagrant/")) for n in names), sorted(names)
 

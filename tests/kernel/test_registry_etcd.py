@@ -1,4 +1,4 @@
-"""agent/registry.py against a real etcd (Debian's etcd-server) on 127.0.0.1, free ports.
+"""agent/cluster/registry.py against a real etcd (Debian's etcd-server) on 127.0.0.1, free ports.
 
 One etcd serves the module (each test under a cluster name of its own); the
 outage test stops and restarts it with its data, the TLS test runs its own.
@@ -18,7 +18,7 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
-from drl.agent.registry import Registry, RegistryConfig
+from drl.agent.cluster.registry import Registry, RegistryConfig
 from drl.cli.ctl import main as ctl_main
 from drl.lab.etcd import Etcd, make_certs
 
@@ -70,7 +70,7 @@ def test_two_agents_see_each_other_and_a_close_leaves_at_once(registries):
 
 
 def test_a_close_without_leaving_expires_with_the_lease_as_a_kill_does(registries):
-    """close(leave=False): an agent that failed, its datapath still enforcing (agent/daemon.py
+    """close(leave=False): an agent that failed, its datapath still enforcing (agent/service/daemon.py
     failed); the others must count it lost, at what that datapath may pass."""
     a, b = registries("a", ttl_s=2.0), registries("b")
     wait(lambda: "a" in b.view().members, 2.0)
@@ -81,7 +81,7 @@ def test_a_close_without_leaving_expires_with_the_lease_as_a_kill_does(registrie
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from drl.agent.registry import Registry, RegistryConfig
+    from drl.agent.cluster.registry import Registry, RegistryConfig
     reg = Registry(RegistryConfig(((sys.argv[1], int(sys.argv[2])),), sys.argv[3], ttl_s=2), "k", ("10.0.0.9", 7470), 1)
     reg.start()
     while "k" not in reg.view().members:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from drl.agent.caps import REQUIRED
+from drl.agent.kernel.caps import REQUIRED
 from drl.lab.agents import drl_agent, installed
 from drl.lab.measure import tc_show
 from drl.lab.metrics import within
@@ -29,7 +29,7 @@ from drl.lab.traffic import iperf3
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
 USER, GROUP = "nobody", "nogroup"
-WATCHDOG_S = 1.0          # beats every WATCHDOG_S / 4 (agent/notify.py)
+WATCHDOG_S = 1.0          # beats every WATCHDOG_S / 4 (agent/service/notify.py)
 
 
 def unit_caps(name: str) -> list[str]:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from drl.agent import abi
-from drl.agent.classes import parse_class
+from drl.agent.classes.spec import parse_class
 from drl.agent.model import Mode
 from drl.lab.agents import GOSSIP_PORT as PORT, up_argv, drl_agent
 from drl.lab.measure import sink_rate_bps, tc_show
@@ -135,12 +135,12 @@ def test_a_failed_reattach_is_reported_and_retried(net, datapath):
 
 
 def _prog_id(dp) -> int:
-    from drl.agent.datapath import _prog_id
+    from drl.agent.kernel.datapath import _prog_id
     return _prog_id(dp.prog_fd)
 
 
 def test_a_second_exclusive_datapath_on_the_interface_is_refused(net, datapath):
-    from drl.agent.datapath import Datapath, DatapathError
+    from drl.agent.kernel.datapath import Datapath, DatapathError
     h1, h2 = net.hosts
     first = datapath(exclusive=True)
     with pytest.raises(DatapathError, match="already runs on eth0.*one agent per interface"):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from drl.agent.datapath import Counters, FlowKey, FlowSample
+from drl.agent.kernel.datapath import Counters, FlowKey, FlowSample
 from drl.agent.estimator import Estimator
 
 S = 1_000_000_000   # ns per s

@@ -1,0 +1,407 @@
+"""The authenticated wire codec: typed messages <-> datagrams (schema: agent/gossip/drl.proto).
+
+    >>> key = b"0123456789abcdef0123456789abcdef"
+    >>> h = Header(cluster="prod", node="n1", seq=1, sent_at=0.0, incarnation=7)
+    >>> data = encode(Message(h, Batch((ClassValue(key=7, seq=1, value=1250000.0),))), key)
+    >>> decode(data, key, "prod").payload.values
+    (ClassValue(key=7, seq=1, value=1250000.0, version=0, local_Bps=0.0),)
+    >>> decode(data[:-1] + b"x", key, "prod")
+    <Reason.FORGED: 'forged'>
+
+A datagram is the serialized ``Datagram`` followed by HMAC-SHA256 over it with the
+cluster key (``key=None`` is the explicit insecure mode: no tag, nothing verified).
+``decode`` never raises: bad input comes back as a :class:`Reason`, which the
+receive path counts (agent/gossip/core.py ``Stats.rejected``).  The MAC is checked
+before the protobuf parser ever sees the bytes, so unauthenticated input only
+costs one HMAC.  Replays are caught statefully by :class:`SeqWindow`, one per
+(sender, incarnation), in agent/gossip/core.py, after it has checked that the sender's
+node id is the one bound to the source address (``Reason.WRONG_SENDER``).
+
+``load_key(path)`` reads the cluster key file; every problem is one
+:class:`KeyFileError` with a one-line message.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hmac
+import math
+import os
+from dataclasses import dataclass
+from typing import NamedTuple, Union
+
+from google.protobuf.message import DecodeError
+
+from drl.agent.gossip import drl_pb2
+from drl.agent import logs
+from drl.agent.clients.table import BanNote, ClientReport, report_bytes
+from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
+
+# 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one
+# as the other, so they refuse each other's datagrams); 2: every class's value in a Batch (1: one
+# Update datagram per class)
+VERSION = 3
+TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
+MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
+MIN_KEY_BYTES = 16
+
+log = logs.get_logger("drl.wire")
+
+
+class Reason(str, enum.Enum):
+    """Why a datagram was dropped; each is a counter in gossip.Stats.rejected."""
+    OVERSIZED = "oversized"            # longer than MAX_DATAGRAM
+    TRUNCATED = "truncated"            # too short to hold a tag and a header
+    FORGED = "forged"                  # MAC does not verify (wrong key, tampering)
+    GARBAGE = "garbage"                # authenticated (or insecure) but not a well-formed Datagram
+    UNKNOWN_VERSION = "unknown_version"
+    WRONG_CLUSTER = "wrong_cluster"
+    UNKNOWN_PEER = "unknown_peer"      # source address not in the configured peer list
+    LOOP = "loop"                      # our own node id: the peer list names this node
+    WRONG_DST = "wrong_dst"            # addressed to another node id (cross-link replay)
+    WRONG_SENDER = "wrong_sender"      # node id not bound to its source address (gossip.py: identity)
+    OLD_INCARNATION = "old_incarnation"  # from a previous life of a restarted peer
+    OTHER_LIFE = "other_life"          # a point-to-point message meant for our previous life
+    REPLAYED = "replayed"              # sequence number already seen or left of the window
+    QUEUE_FULL = "queue_full"          # receive queue full this poll
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    cluster: str
+    node: str
+    seq: int
+    incarnation: int
+    sent_at: float
+    class_id: int = 0
+    dst: str = ""
+    dst_incarnation: int = 0
+    version: int = VERSION
+
+
+class ClassValue(NamedTuple):
+    """One class's published value in a :class:`Batch`; ``seq`` runs per (link, class).
+    A NamedTuple: one per class and target every round, a third of a frozen dataclass's cost."""
+    key: int
+    seq: int
+    value: float
+    version: int = 0
+    local_Bps: float = 0.0     # what the sender's datapath may pass (the stale rule); travels as kB/s, rounded up
+
+
+@dataclass(frozen=True, slots=True)
+class LimitNote:
+    """A class's global limit and its version (agent/cluster/limits.py), announced to a peer."""
+    key: int
+    version: int
+    global_Bps: float
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Many classes' values (and limit announcements) in one datagram; empty = heartbeat."""
+    values: tuple[ClassValue, ...] = ()
+    limits: tuple[LimitNote, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClassClients:
+    """One class's per-client report (agent/clients/table.py), by class key."""
+    key: int
+    report: ClientReport
+
+
+@dataclass(frozen=True, slots=True)
+class ClientReports:
+    """The per-client reports of several classes, to every alive peer each interval."""
+    reports: tuple[ClassClients, ...] = ()
+
+
+Payload = Union[Batch, ClientReports, Body]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    header: Header
+    payload: Payload
+
+
+# oneof field name <-> Python class; every field of the class has a same-named proto field.
+_KINDS: dict[str, type] = {
+    "transfer": Transfer, "transfer_ack": TransferAck,
+    "lease_request": LeaseRequest, "lease_grant": LeaseGrant, "report": Report,
+}
+_KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
+_KIND_OF[Batch] = "batch"
+_KIND_OF[ClientReports] = "client_reports"
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
+_HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(Header))
+
+
+def _tag(key: bytes, body: bytes) -> bytes:
+    return hmac.digest(key, body, "sha256")
+
+
+def encode(msg: Message, key: bytes | None) -> bytes:
+    """Serialize and authenticate ``msg``; ``key=None`` only in insecure mode."""
+    dg = drl_pb2.Datagram()
+    for name in _HEADER_FIELDS:
+        setattr(dg.header, name, getattr(msg.header, name))
+    cls = type(msg.payload)
+    sub = getattr(dg, _KIND_OF[cls])
+    sub.SetInParent()                    # selects the oneof even when every field is default
+    if cls is Batch:
+        _fill_batch(sub, msg.payload)
+    elif cls is ClientReports:
+        for entry in msg.payload.reports:
+            _fill_report(sub.reports.add(), entry)
+    for name in _FIELDS.get(cls, ()):
+        setattr(sub, name, getattr(msg.payload, name))
+    body = dg.SerializeToString()
+    return body if key is None else body + _tag(key, body)
+
+
+def _body(data: bytes, key: bytes | None) -> bytes | Reason:
+    """Size checks and MAC verification, before any parsing."""
+    if len(data) > MAX_DATAGRAM:
+        return Reason.OVERSIZED
+    if key is None:
+        return data if data else Reason.TRUNCATED
+    if len(data) <= TAG_BYTES:
+        return Reason.TRUNCATED
+    body, tag = data[:-TAG_BYTES], data[-TAG_BYTES:]
+    if not hmac.compare_digest(tag, _tag(key, body)):
+        return Reason.FORGED
+    return body
+
+
+def _parse(body: bytes) -> Message | None:
+    dg = drl_pb2.Datagram()
+    try:
+        dg.ParseFromString(body)
+    except (DecodeError, RuntimeWarning, ValueError):
+        return None
+    kind = dg.WhichOneof("payload")
+    if kind is None or not dg.HasField("header"):
+        return None
+    if kind == "batch":
+        payload = _read_batch(dg.batch)
+    elif kind == "client_reports":
+        payload = _read_reports(dg.client_reports)
+    else:
+        payload = _read_body(_KINDS[kind], getattr(dg, kind))
+    header = Header(**{name: getattr(dg.header, name) for name in _HEADER_FIELDS})
+    if payload is None or not header.node or header.seq == 0 or not math.isfinite(header.sent_at):
+        return None
+    return Message(header, payload)
+
+
+def _read_body(cls: type, sub) -> Payload | None:
+    values = [getattr(sub, name) for name in _FIELDS[cls]]
+    # A NaN or inf would poison every sum it enters; no allocator publishes one.
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        return None
+    return cls(*values)
+
+
+def _fill_batch(sub, batch: Batch) -> None:
+    if batch.values:
+        keys, seqs, values, versions, locals_ = zip(*batch.values)
+        sub.keys.extend(keys)
+        sub.seqs.extend(seqs)
+        sub.values.extend(values)
+        sub.versions.extend(versions)
+        sub.locals.extend(map(_kBps, locals_))
+    for note in batch.limits:
+        sub.limits.add(key=note.key, version=note.version, global_Bps=note.global_Bps)
+
+
+def _read_batch(sub) -> Batch | None:
+    """A well-formed Batch: arrays of one length, seqs from 1, finite values and limits."""
+    keys, seqs, values, versions, locals_ = sub.keys, sub.seqs, sub.values, sub.versions, sub.locals
+    if not len(keys) == len(seqs) == len(values) == len(versions) == len(locals_) or 0 in seqs:
+        return None
+    if not all(map(math.isfinite, values)):
+        return None
+    limits = tuple(LimitNote(n.key, n.version, n.global_Bps) for n in sub.limits)
+    if any(not math.isfinite(n.global_Bps) or n.global_Bps < 0 for n in limits):
+        return None
+    return Batch(tuple(map(ClassValue, keys, seqs, values, versions, (1000.0 * x for x in locals_))), limits)
+
+
+def _fill_report(sub, entry: ClassClients) -> None:
+    report = entry.report
+    sub.key = entry.key
+    sub.v4_len, sub.v6_len = report.lengths
+    wide = report.lengths[1] > 64
+    for client, count in report.counts:
+        value = int.from_bytes(client, "big")
+        if len(client) == 4:
+            sub.v4.append(value)
+            sub.v4_counts.append(count)
+        else:
+            sub.v6_hi.append(value >> 64)
+            if wide:
+                sub.v6_lo.append(value & (2**64 - 1))
+            sub.v6_counts.append(count)
+    for note in report.bans:
+        sub.bans.add(prefix=note.client, version=note.version, remaining_s=note.remaining_s, lifted=note.lifted)
+
+
+def _read_reports(sub) -> ClientReports | None:
+    """Well-formed reports: parallel arrays of one length (v6_lo all or nothing), IPv4 and IPv6
+    prefixes of 4 and 16 bytes; counts and times are the table's to judge (ClientTable.receive)."""
+    out = []
+    for r in sub.reports:
+        v6_lo = r.v6_lo if len(r.v6_lo) else [0] * len(r.v6_hi)
+        if len(r.v4) != len(r.v4_counts) or not len(r.v6_hi) == len(v6_lo) == len(r.v6_counts):
+            return None
+        if any(len(n.prefix) not in (4, 16) for n in r.bans):
+            return None
+        counts = [(v.to_bytes(4, "big"), c) for v, c in zip(r.v4, r.v4_counts)]
+        counts += [((hi << 64 | lo).to_bytes(16, "big"), c) for hi, lo, c in zip(r.v6_hi, v6_lo, r.v6_counts)]
+        bans = tuple(BanNote(bytes(n.prefix), n.version, n.remaining_s, n.lifted) for n in r.bans)
+        out.append(ClassClients(r.key, ClientReport((r.v4_len, r.v6_len), tuple(counts), bans)))
+    return ClientReports(tuple(out))
+
+
+def pack_reports(reports: list[ClassClients], room: int) -> list[ClientReports]:
+    """Reports in as few datagrams as fit ``room`` bytes each (the datagram less its header and
+    tag); a report is never split (agent/clients/table.py sizes one to fit a datagram alone)."""
+    room -= 3                  # the oneof's tag and length
+    out: list[list[ClassClients]] = []
+    used = room
+    for entry in reports:
+        body = report_bytes(entry.report)
+        cost = 1 + (body.bit_length() + 6) // 7 + body        # tag, length, body
+        if used + cost > room:
+            out.append([])
+            used = 0
+        out[-1].append(entry)
+        used += cost
+    return [ClientReports(tuple(group)) for group in out]
+
+
+# A round sends a class's value to several targets, and each datagram converts and sizes it
+# twice (pack, then _fill_batch): the pure conversions below are memoized, for a round's
+# classes (at most 4,096) and the previous round's.
+_ROUND_CACHE = 2 * 4096
+
+
+@functools.lru_cache(maxsize=_ROUND_CACHE)
+def _kBps(rate_Bps: float) -> int:
+    """A local limit on the wire: kB/s rounded up (a stale peer is never counted below what it
+    may send), at most 2**32 - 1 kB/s (34 Tbit/s)."""
+    return min(2**32 - 1, math.ceil(max(0.0, rate_Bps) / 1000.0))
+
+
+@functools.lru_cache(maxsize=_ROUND_CACHE)
+def _tail_bytes(version: int, local_Bps: float) -> int:
+    """A value's version and local limit varints (0 takes one byte)."""
+    return ((version.bit_length() + 6) // 7 or 1) + ((_kBps(local_Bps).bit_length() + 6) // 7 or 1)
+
+
+def _note_bytes(n: LimitNote) -> int:
+    inner = 5 + 1 + max(1, (n.version.bit_length() + 6) // 7) + 9
+    return 1 + 1 + inner                                       # tag, length (< 128), key, version, rate
+
+
+def pack(values: list[ClassValue], limits: list[LimitNote], room: int) -> list[Batch]:
+    """Split values and limit notes into Batches whose encoding takes at most ``room``
+    bytes each (the datagram less its header and tag); at least one (a heartbeat)."""
+    room -= 3 + 5 * 3          # the oneof's tag and length; the five packed arrays' tags and lengths
+    out, cur_l, used = [], [], 0
+    for note in limits:
+        cost = _note_bytes(note)
+        if used + cost > room and cur_l:
+            out.append(Batch((), tuple(cur_l)))
+            cur_l, used = [], 0
+        cur_l.append(note)
+        used += cost
+    start = 0
+    for i, v in enumerate(values):
+        # key fixed32 + seq varint + value float + version varint + local varint
+        cost = 8 + (v.seq.bit_length() + 6) // 7 + _tail_bytes(v.version, v.local_Bps)
+        if used + cost > room and (i > start or cur_l):
+            out.append(Batch(tuple(values[start:i]), tuple(cur_l)))
+            start, cur_l, used = i, [], 0
+        used += cost
+    out.append(Batch(tuple(values[start:]), tuple(cur_l)))
+    return out
+
+
+def decode(data: bytes, key: bytes | None, cluster: str) -> Message | Reason:
+    """Verify and parse one datagram; never raises.  Replays are SeqWindow's job."""
+    body = _body(data, key)
+    if isinstance(body, Reason):
+        return body
+    msg = _parse(body)
+    if msg is None:
+        return Reason.GARBAGE
+    if msg.header.version != VERSION:
+        return Reason.UNKNOWN_VERSION
+    if msg.header.cluster != cluster:
+        return Reason.WRONG_CLUSTER
+    return msg
+
+
+class SeqWindow:
+    """Anti-replay sliding window over one sender's sequence numbers (RFC 4303 §3.4.3).
+
+    ``accept(seq)`` returns None for a replay (seen, or left of the window), else the
+    change in the count of lost datagrams: the gap jumped over when ``seq`` is the
+    newest yet ([Raghavan07] §4.2: the sequence number tells the
+    receiver an update was lost), -1 when a datagram counted lost arrives late,
+    0 otherwise.  The first seq seen starts the window: nothing before it is lost
+    or accepted.
+    """
+    __slots__ = ("top", "bits")
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self.top = 0          # highest seq accepted; 0 = nothing yet (valid seqs start at 1)
+        self.bits = 0         # bit i set = seq (top - i) seen
+
+    def accept(self, seq: int) -> int | None:
+        if self.top == 0:      # start here; anything older counts as seen (it is superseded)
+            self.top, self.bits = seq, (1 << self.SIZE) - 1
+            return 0
+        if seq > self.top:
+            shift = seq - self.top
+            self.bits = ((self.bits << shift) | 1) & ((1 << self.SIZE) - 1)
+            self.top = seq
+            return shift - 1
+        offset = self.top - seq
+        if offset >= self.SIZE or self.bits >> offset & 1:
+            return None
+        self.bits |= 1 << offset
+        return -1
+
+
+class KeyFileError(Exception):
+    """The cluster key file cannot be used; the message is one line for the CLI."""
+
+
+def load_key(path: str | os.PathLike) -> bytes:
+    """The cluster key: the file's bytes without surrounding whitespace.
+
+    Make one with ``head -c 32 /dev/urandom | base64 > drl.key && chmod 600 drl.key``
+    and give every node the same file.
+    """
+    try:
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            key = f.read().strip()
+    except FileNotFoundError:
+        raise KeyFileError(f"key file {path} does not exist (make one: "
+                           f"head -c 32 /dev/urandom | base64 > {path})") from None
+    except OSError as e:
+        raise KeyFileError(f"key file {path} is not readable: {e.strerror}") from None
+    if not key:
+        raise KeyFileError(f"key file {path} is empty")
+    if len(key) < MIN_KEY_BYTES:
+        raise KeyFileError(f"key file {path} holds {len(key)} bytes; need at least {MIN_KEY_BYTES}")
+    if mode & 0o004:
+        log.warning("key_file_readable", file=path, reason="readable by every user", fix="chmod 600")
+    return key

@@ -1,0 +1,14 @@
+"""The kernel side: everything that touches the tc-egress program and its maps.
+
+Owns compiling and attaching bpf/limiter.c (``datapath``), the classification
+maps (``classify``), the token-bucket arithmetic both sides share (``bucket``),
+HTB shape mode (``shaper``), netlink helpers (``rtnetlink``), the
+one-agent-per-interface lock (``lock``) and the capability check (``caps``).
+``fake`` is an in-memory stand-in with the same interface, for tests and tools
+that run without a kernel.
+
+May import: the standard library, bcc and pyroute2, ``drl.agent.abi``,
+``model``, ``units``, ``logs``, and the pure specs of ``classes`` and
+``clients``.  Never allocators, gossip, cluster, config or service: the
+datapath sits below allocation and gossip.
+"""

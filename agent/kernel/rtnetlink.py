@@ -1,0 +1,65 @@
+"""rtnetlink by hand: the message layouts, attribute codec and request/reply loop that agent/kernel/datapath.py (the
+per-tick check of our filter's program id) and agent/kernel/shaper.py (bfifo, htb class delete,
+a dumped qdisc re-added as it was) need where pyroute2 is too slow or cannot."""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
+NLM_F_REPLACE, NLM_F_CREATE = 0x100, 0x400
+TCA_KIND, TCA_OPTIONS, TCA_BPF_ID = 1, 2, 11
+NLMSG = struct.Struct("=IHHII")              # nlmsghdr
+TCMSG = struct.Struct("=BxxxiIII")           # tcmsg: family, ifindex, handle, parent, info
+NLA = struct.Struct("=HH")
+
+
+def attr(kind: int, value: bytes) -> bytes:
+    """One attribute, padded to 4 bytes."""
+    raw = NLA.pack(NLA.size + len(value), kind) + value
+    return raw + bytes(-len(raw) % 4)
+
+
+def attrs(buf: bytes, start: int, end: int) -> dict[int, bytes]:
+    """The attributes in buf[start:end] by kind (nested and byte-order flags masked off)."""
+    out = {}
+    while start + 4 <= end:
+        length, kind = NLA.unpack_from(buf, start)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = buf[start + 4:start + length]
+        start += (length + 3) & ~3
+    return out
+
+
+def send(sock: socket.socket, kind: int, flags: int, body: bytes) -> int:
+    """One request (``flags`` without NLM_F_REQUEST); its sequence number, for :func:`replies`."""
+    seq = int(time.monotonic_ns() & 0xFFFFFFFF)
+    sock.send(NLMSG.pack(NLMSG.size + len(body), kind, NLM_F_REQUEST | flags, seq, 0) + body)
+    return seq
+
+
+def replies(sock: socket.socket, seq: int):
+    """(type, body) of every reply to seq until DONE or the ACK; OSError on an error reply."""
+    while True:
+        buf = sock.recv(65536)
+        pos = 0
+        while pos + NLMSG.size <= len(buf):
+            length, kind, _, got, _ = NLMSG.unpack_from(buf, pos)
+            if length < NLMSG.size:
+                return
+            body = buf[pos + NLMSG.size:pos + length]
+            pos += (length + 3) & ~3
+            if got != seq:
+                continue
+            if kind == NLMSG_DONE:
+                return
+            if kind == NLMSG_ERROR:
+                code = -struct.unpack_from("=i", body)[0]
+                if code:
+                    raise OSError(code, f"netlink: {os.strerror(code)}")
+                return
+            yield kind, body

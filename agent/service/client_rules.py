@@ -1,0 +1,168 @@
+"""Per-client rules at run time: the kernel's per-client counts -> each class's ClientTable ->
+the kernel's throttles and bans, and the reports the peers merge (docs/clients.md).
+
+    clients = ClientRules(dp, node_id="a")
+    clients.apply(table, now, max_age_s, n_hosts)     # at start and after every reload
+    reports = clients.tick(now, n_hosts, max_age_s)   # every interval: gossip them to every peer
+    clients.receive("b", payload, now)                # a peer's ClientReports
+
+The decisions are agent/clients/table.py's (pure); this module only moves counts in and limits
+and bans out.  The kernel keeps every client's sliding window and flags a client whose
+count reaches the reporting line, so a tick reads the flagged clients and the few the
+table follows (ClientTable.wanted), never all of them: 100,000 clients cost what their
+heavy ones cost.  The kernel enforces limits and bans by itself (bpf/limiter.c): a
+throttled client's bucket falls back to threshold/N and a ban ends at its time when
+the agent is gone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from drl.agent import logs
+from drl.agent.clients.table import ClientRule, ClientTable, Network
+from drl.agent.gossip.wire import ClassClients, ClientReports
+
+log = logs.get_logger("drl.agent")
+
+
+@dataclass
+class ClientRun:
+    """One class's client rule while it runs, and what was last written to the kernel."""
+    name: str
+    key: int
+    class_id: int
+    rule: ClientRule
+    table: ClientTable
+    limits: dict = field(default_factory=dict)     # client -> (units/s, fail-safe units/s)
+    bans: dict = field(default_factory=dict)       # client -> until (ns, CLOCK_MONOTONIC)
+    line: float = 0.0                              # the reporting line the kernel flags clients at
+
+    def network(self, client: bytes) -> str:
+        return str(self.rule.key.network(client))
+
+
+class ClientRules:
+    """The classes with a client rule; ``ignored`` counts report entries a table refused."""
+
+    def __init__(self, dp, node_id: str):
+        self.dp, self.node_id = dp, node_id
+        self._runs: dict[str, ClientRun] = {}
+        self._by_key: dict[int, ClientRun] = {}
+        self.ignored = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+    def get(self, name: str) -> ClientRun | None:
+        return self._runs.get(name)
+
+    def apply(self, classes: Iterable, now: float, max_age_s: float, n_hosts: int) -> None:
+        """Follow the running classes (agent/service/class_table.py ClassRun): a new or changed rule starts
+        a new table (counts, throttles and bans of the old rule do not carry over), a removed
+        one is taken out of the kernel."""
+        wanted = {run.name: run for run in classes if run.conf.client is not None}
+        for name, cr in list(self._runs.items()):
+            run = wanted.get(name)
+            if run is None or (run.conf.client, run.class_id) != (cr.rule, cr.class_id):
+                self.dp.set_client_rule(cr.class_id, None)
+                del self._runs[name]
+        for name, run in wanted.items():
+            if name not in self._runs:
+                table = ClientTable(run.conf.client, max_age_s, now, self.node_id)
+                cr = ClientRun(name, run.conf.key, run.class_id, run.conf.client, table, line=table.line(n_hosts))
+                self.dp.set_client_rule(run.class_id, run.conf.client, cr.line)
+                self._runs[name] = cr
+        self._by_key = {cr.key: cr for cr in self._runs.values()}
+
+    def tick(self, now: float, n_hosts: int, max_age_s: float) -> list[ClassClients]:
+        """One interval: the kernel's counts of the clients that matter into every table, its
+        limits, bans, resets and reporting line out; the reports to gossip (classes with
+        nothing to say send nothing)."""
+        if not self._runs:
+            return []
+        flagged = self.dp.read_heavy()
+        reports = []
+        for cr in self._runs.values():
+            wanted = cr.table.wanted() | flagged.get(cr.class_id, set())
+            counts = self.dp.client_counts(cr.class_id, wanted) if wanted else {}
+            cr.table.max_age_s = max_age_s          # follows the membership's liveness timeout
+            t = cr.table.tick_counts(now, counts, n_hosts)
+            self._write(cr, t.limits, t.bans, n_hosts)
+            if t.resets:                            # banned or unbanned: judged on what comes next
+                self.dp.forget_clients(cr.class_id, t.resets)
+            if t.line != cr.line:                   # N changed
+                self.dp.set_client_line(cr.class_id, t.line)
+                cr.line = t.line
+            for client in t.issued:
+                log.info("client_banned", class_=cr.name, client=cr.network(client),
+                         for_s=round(t.bans[client] - now, 1))
+            if t.report.counts or t.report.bans:
+                reports.append(ClassClients(cr.key, t.report))
+        return reports
+
+    def _write(self, cr: ClientRun, shares: dict, bans: dict, n_hosts: int) -> None:
+        """Shares are counts per window: the kernel's buckets take units per second; a bucket's
+        fail-safe is the even split threshold/N (docs/clients.md "Bans end by themselves")."""
+        window_s = cr.rule.window_s
+        safe = cr.rule.limit / max(1, n_hosts) / window_s
+        limits = {c: (share / window_s, safe) for c, share in shares.items()}
+        if limits.keys() != cr.limits.keys():
+            log.info("clients_throttled", class_=cr.name, n=len(limits),
+                     started=[cr.network(c) for c in limits.keys() - cr.limits.keys()] or None,
+                     ended=[cr.network(c) for c in cr.limits.keys() - limits.keys()] or None)
+        if limits != cr.limits:
+            self.dp.set_client_limits(cr.class_id, limits)
+            cr.limits = limits
+        until = {c: int(until_s * 1e9) for c, until_s in bans.items()}
+        if until != cr.bans:
+            self.dp.set_client_bans(cr.class_id, until)
+            cr.bans = until
+
+    def receive(self, node: str, payload: ClientReports, now: float) -> None:
+        for entry in payload.reports:
+            cr = self._by_key.get(entry.key)
+            if cr is None:          # a class we do not run, or run without a client rule
+                self.ignored += len(entry.report.counts) + len(entry.report.bans)
+            else:
+                self.ignored += cr.table.receive(node, entry.report, now)
+
+    def unban(self, prefix: Network, class_name: str | None, now: float) -> list[tuple[str, str]]:
+        """``drlctl unban``: lift what ``prefix`` covers in one class or all, here and now (the
+        tombstones reach the peers with the next reports); (class, client) of each ban lifted."""
+        lifted = []
+        for cr in self._runs.values():
+            if class_name is not None and cr.name != class_name:
+                continue
+            nets = cr.table.unban(prefix, now)
+            if nets:
+                gone = {n.network_address.packed for n in nets}
+                cr.bans = {c: u for c, u in cr.bans.items() if c not in gone}
+                self.dp.set_client_bans(cr.class_id, cr.bans)
+                lifted += [(cr.name, str(n)) for n in nets]
+                log.info("client_unbanned", class_=cr.name, clients=[str(n) for n in nets])
+        return lifted
+
+    def listing(self, class_name: str | None, now: float, limit: int | None) -> list[dict]:
+        """``drlctl clients --json``: per class, its rule and its clients (ClientTable.rows)."""
+        return [_listing(cr, now, limit) for cr in self._runs.values()
+                if class_name is None or cr.name == class_name]
+
+
+def _listing(cr: ClientRun, now: float, limit: int | None) -> dict:
+    rule, window_s = cr.rule, cr.rule.window_s
+    in_bits = rule.measure == "bytes"
+
+    def per_s(count: float | None) -> float | None:
+        return None if count is None or not in_bits else count * 8 / window_s
+
+    rows = [{"client": str(r.client), "state": r.state, "global_count": r.global_count,
+             "local_count": r.local_count, "share_count": r.share,
+             "global_bps": per_s(r.global_count), "local_bps": per_s(r.local_count), "share_bps": per_s(r.share),
+             "banned_for_s": None if r.banned_until_s is None else max(0.0, r.banned_until_s - now),
+             "hosts": list(r.hosts)} for r in cr.table.rows(now, limit)]
+    return {"name": cr.name, "client_key": str(rule.key), "measure": rule.measure,
+            "threshold": {"count": rule.limit, "window_s": window_s, "text": str(rule.threshold)},
+            "action": rule.action, "ban_duration_s": rule.ban_duration_s,
+            "exempt": [str(n) for n in rule.exempt], "clients": rows}
+

@@ -1,0 +1,45 @@
+"""The Vagrant twin reads the same topology as the lab, for every shipped experiment."""
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from drl.lab.registry import builtin, resolve
+from drl.lab.topology import plan
+from drl.lab.vagrant import IFACE, TOPOLOGIES, dumps, export
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("name", sorted(builtin()))
+def test_shipped_json_is_what_the_lab_parser_produces(name):
+    shipped = (TOPOLOGIES / f"{name}.json").read_text()
+    assert shipped == dumps(export(resolve(name))), f"stale: run `python -m drl.lab.vagrant --write-all`"
+
+
+@pytest.mark.skipif(not shutil.which("ruby"), reason="needs ruby to run vagrant/topology.rb")
+@pytest.mark.parametrize("name", sorted(builtin()))
+def test_vagrantfile_reader_builds_the_labs_hosts(name):
+    exp = resolve(name)
+    lab = plan(exp, run="lb0000")
+    for alloc in exp.allocators:
+        out = subprocess.run(["ruby", str(ROOT / "vagrant" / "topology.rb"), str(TOPOLOGIES / f"{name}.json"), alloc],
+                             check=True, capture_output=True, text=True).stdout
+        vms = {vm["name"]: vm for vm in json.loads(out)}
+        assert list(vms) == list(exp.hosts)
+        for host in exp.hosts:
+            ips = [i.addr for v in lab.veths for i in (v.a, v.b) if i.host == host]
+            if host in exp.limiters and lab.ctl:
+                ips.append(lab.ctl_address(host))
+            assert [n["ip"] for n in vms[host]["networks"]] == ips
+            assert vms[host]["routes"] == [f"{r.dst},{r.via}" for r in lab.routes if r.host == host]
+            assert vms[host]["rto_min"] == (lab.rto_min or "")
+        agents = {h: vm for h, vm in vms.items() if vm["agent_argv"]}
+        central = plan(exp, run="lb0000", central=alloc == "ctb")
+        assert set(agents) == set(central.agent_ifaces())
+        for h, vm in agents.items():
+            assert vm["agent_iface_addr"] == central.agent_ifaces()[h].addr
+            assert vm["agent_argv"][vm["agent_argv"].index("--allocator") + 1] == alloc
+            assert IFACE in vm["agent_argv"]

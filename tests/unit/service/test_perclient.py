@@ -1,0 +1,211 @@
+"""agent/service/client_rules.py: three hosts' ClientRules on in-memory datapaths, their reports through
+the real wire codec: a client spread over the hosts is throttled to its threshold in total,
+banned everywhere, unbanned everywhere, and the kernel gets exactly the tables' decisions."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from daemon_harness import CLASS_ID, FakeDatapath, agent, config
+
+from drl.agent.clients.table import Windows, client_rule, parse_client_key, parse_prefix, parse_threshold
+from drl.agent.service.client_rules import ClientRules
+from drl.agent.gossip.wire import ClientReports, Header, Message, decode, encode
+
+KEY = b"k" * 32
+HEAVY = bytes([198, 51, 100, 7])
+LIGHT = bytes([198, 51, 100, 8])
+INTERVAL = 0.1
+
+
+class ClientDatapath:
+    """What ClientRules uses of agent.datapath.Datapath, in memory, with Windows for the kernel's
+    per-client windows (tests/unit/clients/test_clients.py KernelModel says how it models them)."""
+
+    def __init__(self):
+        self.rules, self.limits, self.bans, self.lines, self.windows = {}, {}, {}, {}, {}
+        self.flagged, self.now = {}, 0.0
+
+    def set_client_rule(self, class_id, rule, line=0.0):
+        self.rules[class_id] = rule
+        self.limits.pop(class_id, None)
+        self.bans.pop(class_id, None)
+        if rule is not None:
+            self.windows[class_id], self.lines[class_id] = Windows(rule.window_s, self.now), line
+
+    def arrive(self, now, class_id, deltas):
+        """The interval's arrivals up to ``now``: counted unless banned, flagged at the line."""
+        self.now = now
+        bans = self.bans.get(class_id, {})
+        counted = {c: d for c, d in deltas.items() if bans.get(c, 0) <= now * 1e9}
+        w = self.windows[class_id]
+        w.add(now, counted)
+        self.flagged.setdefault(class_id, set()).update(w.counts(now, counted, at_least=self.lines[class_id]))
+
+    def read_heavy(self):
+        out, self.flagged = self.flagged, {}
+        return out
+
+    def client_counts(self, class_id, clients):
+        return self.windows[class_id].counts(self.now, clients)
+
+    def forget_clients(self, class_id, clients):
+        for c in clients:
+            self.windows[class_id].clear(c)
+
+    def set_client_line(self, class_id, line):
+        self.lines[class_id] = line
+
+    def set_client_limits(self, class_id, limits):
+        self.limits[class_id] = dict(limits)
+
+    def set_client_bans(self, class_id, bans):
+        self.bans[class_id] = dict(bans)
+
+
+def a_class(name, rule, class_id=3):
+    return SimpleNamespace(name=name, class_id=class_id, conf=SimpleNamespace(client=rule, key=hash(name) & 0xFFFF))
+
+
+def hosts(rule, n=3):
+    out = []
+    for i in range(n):
+        dp = ClientDatapath()
+        rules = ClientRules(dp, node_id=f"h{i}")
+        rules.apply([a_class("gold", rule)], 0.0, max_age_s=1.0, n_hosts=n)
+        out.append((dp, rules))
+    return out
+
+
+def exchange(group, reports, now):
+    """Every host's reports to every other, encoded and decoded as on the wire."""
+    for i, sent in enumerate(reports):
+        if not sent:
+            continue
+        msg = Message(Header(cluster="c", node=f"h{i}", seq=1, incarnation=1, sent_at=now), ClientReports(tuple(sent)))
+        payload = decode(encode(msg, KEY), KEY, "c").payload
+        for j, (_, rules) in enumerate(group):
+            if j != i:
+                rules.receive(f"h{i}", payload, now)
+
+
+def run(group, seconds, per_host):
+    """``per_host(i)`` -> {client: bytes per interval} counted on host i, for ``seconds``."""
+    now = 0.0
+    for _ in range(round(seconds / INTERVAL)):
+        now += INTERVAL
+        for i, (dp, _) in enumerate(group):
+            dp.arrive(now, 3, per_host(i))
+        exchange(group, [rules.tick(now, len(group), 1.0) for _, rules in group], now)
+    return now
+
+
+def throttle_rule():
+    return client_rule(parse_client_key("dst/32"), "bytes", parse_threshold("2mbit"), "throttle")
+
+
+def test_a_client_spread_over_three_hosts_gets_its_threshold_in_total():
+    group = hosts(throttle_rule())
+    # the heavy client sends 1 Mbit/s through each host (3x its 2 Mbit/s), the light one 0.1
+    run(group, 3.0, lambda i: {HEAVY: 12_500, LIGHT: 1_250 if i == 0 else 0})
+    limits = [dp.limits[3] for dp, _ in group]
+    assert all(set(lim) == {HEAVY} for lim in limits)               # the light client is untouched
+    total = sum(lim[HEAVY][0] for lim in limits)
+    assert total == pytest.approx(250_000, rel=0.01)                # bytes/s: 2 Mbit/s in all
+    assert all(lim[HEAVY][1] == pytest.approx(250_000 / 3) for lim in limits)   # fail-safe: T/N
+
+
+def test_a_ban_reaches_every_host_and_unban_lifts_it_everywhere():
+    rule = client_rule(parse_client_key("dst/32"), "conns", parse_threshold("20/1s"), "ban", 5.0)
+    group = hosts(rule)
+    # only host 0 sees the client: 3 connections, then 30 more in the same second
+    now = 1.0
+    for conns in (3, 30, 0):
+        now += INTERVAL
+        for i, (dp, _) in enumerate(group):
+            dp.arrive(now, 3, {HEAVY: conns} if i == 0 else {})
+        exchange(group, [rules.tick(now, 3, 1.0) for _, rules in group], now)
+        assert (HEAVY in group[1][0].bans.get(3, {})) == (conns == 0)     # a round after host 0 banned
+    untils = [dp.bans[3][HEAVY] for dp, _ in group]
+    assert max(untils) - min(untils) < 0.2e9 and untils[0] > (now + 4.5) * 1e9   # the window's rest + 5 s
+    assert group[1][1].unban(parse_prefix("198.51.100.0/24"), None, now) == [("gold", "198.51.100.7/32")]
+    assert HEAVY not in group[1][0].bans[3]
+    now += INTERVAL
+    exchange(group, [rules.tick(now, 3, 1.0) for _, rules in group], now)
+    now += INTERVAL
+    exchange(group, [rules.tick(now, 3, 1.0) for _, rules in group], now)
+    assert all(HEAVY not in dp.bans[3] for dp, _ in group)
+    assert all(dp.windows[3].count(HEAVY, now) == 0 for dp, _ in group)     # its count starts over
+
+
+def test_a_changed_or_removed_rule_is_taken_out_of_the_kernel():
+    dp = ClientDatapath()
+    rules = ClientRules(dp, node_id="a")
+    rules.apply([a_class("gold", throttle_rule())], 0.0, 1.0, 2)
+    assert dp.rules[3] == throttle_rule() and rules and dp.lines[3] == 0.5 * 250_000 / 2
+    other = client_rule(parse_client_key("dst/24"), "bytes", parse_threshold("1mbit"), "throttle")
+    rules.apply([a_class("gold", other)], 1.0, 1.0, 2)
+    assert dp.rules[3] == other and rules.get("gold").rule == other
+    rules.tick(1.5, 5, 1.0)
+    assert dp.lines[3] == 0.5 * 125_000 / 5                    # the line follows N
+    rules.apply([a_class("gold", None)], 2.0, 1.0, 2)
+    assert dp.rules[3] is None and not rules and rules.tick(3.0, 1, 1.0) == []
+
+
+def test_reports_for_a_class_without_a_rule_are_ignored_and_counted():
+    group = hosts(throttle_rule(), n=2)
+    lone = ClientRules(ClientDatapath(), node_id="x")
+    run(group, 1.0, lambda i: {HEAVY: 30_000})
+    group[0][0].arrive(1.1, 3, {HEAVY: 30_000})
+    sent = group[0][1].tick(1.1, 2, 1.0)
+    lone.receive("h0", ClientReports(tuple(sent)), 2.0)
+    assert lone.ignored == 1
+
+
+def test_drlctl_clients_shows_the_listing_of_each_class():
+    """ClientRules.listing (the control socket's reply) through drlctl's renderer."""
+    from drl.cli.ctl import render_clients
+
+    group = hosts(throttle_rule())
+    run(group, 3.0, lambda i: {HEAVY: 12_500, LIGHT: 1_250 if i == 0 else 0})
+    listing = group[0][1].listing(None, 3.0, limit=None)
+    rows = {r["client"]: r for r in listing[0]["clients"]}
+    heavy = rows["198.51.100.7/32"]
+    assert heavy["state"] == "throttled" and heavy["hosts"] == ["h0", "h1", "h2"]
+    assert heavy["global_bps"] == pytest.approx(3e6, rel=0.02) and heavy["share_bps"] == pytest.approx(2e6 / 3, rel=0.02)
+    assert "198.51.100.8/32" not in rows            # under the reporting line: the kernel counts it alone
+    lines = render_clients(listing).splitlines()
+    assert lines[0] == "class gold   client dst/32/64   bytes   threshold 2mbit   throttle"
+    assert lines[1].split() == ["CLIENT", "GLOBAL", "LOCAL", "STATE", "HOSTS"]
+    assert lines[2].startswith("198.51.100.7/32 ") and "throttled, share 666.7 kbit/s" in lines[2]
+    assert lines[2].rstrip().endswith("h0,h1,h2")
+    assert render_clients([]) == "no class has a client rule (docs/clients.md)"
+
+
+class AgentDatapath(FakeDatapath, ClientDatapath):
+    def __init__(self):
+        FakeDatapath.__init__(self)
+        ClientDatapath.__init__(self)
+
+
+def test_the_agent_answers_drlctl_clients_and_unban_and_refuses_bad_requests(tmp_path):
+    cfg = config(tmp_path, "--global", "12mbit", "--client-key", "dst/32", "--client-measure", "conns",
+                 "--client-threshold", "3/1s", "--client-action", "ban", "--ban-duration", "5s")
+    dp = AgentDatapath()
+    with agent(cfg, dp) as a:
+        now = time.monotonic()
+        dp.arrive(now - 0.05, CLASS_ID, {})             # the model's windows start here
+        dp.arrive(now, CLASS_ID, {HEAVY: 5})            # 5 connections in 50 ms
+        a.tick(now)
+        assert HEAVY in dp.bans[CLASS_ID]
+        st = a.status()
+        assert st["clients"]["banned"] == 1 and st["clients"]["action"] == "ban"
+        listing = a._clients({"class": "default", "limit": 5})
+        assert listing["ok"] and listing["classes"][0]["clients"][0]["state"] == "banned"
+        assert not a._clients({"class": "nope"})["ok"]
+        assert "limit" in a._clients({"limit": [1]})["error"]
+        assert "not an address" in a._unban({"prefix": "nowhere"})["error"]
+        assert a._unban({"prefix": "198.51.100.0/24"})["lifted"] == [{"class": "default", "client": "198.51.100.7/32"}]
+        assert HEAVY not in dp.bans[CLASS_ID]
+        assert a._unban({"prefix": "198.51.100.7"})["error"] == "no ban on 198.51.100.7/32"
