@@ -1,4 +1,4 @@
-"""Per-client throttle and ban, the pure core (agent/clients/table.py): rule parsing, the sliding
+"""Per-client throttle and ban, the pure core (agent/clients/): rule parsing, the sliding
 window counter against an exact window, the cross-host merge, bans, and the report's size."""
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drl.agent.clients import table as clients
-from drl.agent.clients.table import (BanNote, ClientKey, ClientReport, ClientRuleError, ClientTable, Windows,
-                               client_rule, parse_client_key, parse_prefix, parse_threshold, report_bytes,
-                               sliding_count, throttle_share)
+from drl.agent.clients.reports import MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport, report_bytes
+from drl.agent.clients.rules import (ClientKey, ClientRuleError, client_rule, parse_client_key, parse_prefix,
+                                     parse_threshold)
+from drl.agent.clients.table import ClientTable, throttle_share
+from drl.agent.clients.windows import Windows, sliding_count
 from drl.agent.gossip import drl_pb2
 from drl.agent.gossip.wire import MAX_DATAGRAM, Batch, ClassClients, Header, Message, _fill_report, encode
 
@@ -322,7 +324,7 @@ def test_the_report_is_the_top_k_above_half_a_fair_share():
     many = {ip(f"10.1.0.{i}"): line * (1 + i / 100) for i in range(100)}
     many[ip("10.9.0.1")] = line * 0.99
     report = table.tick(1.0, many, n_hosts=4).report
-    assert len(report.counts) == clients.REPORT_K
+    assert len(report.counts) == REPORT_K
     assert [v for _, v in report.counts] == sorted((v for _, v in report.counts), reverse=True)
     assert report.counts[0][0] == ip("10.1.0.99")
 
@@ -414,7 +416,7 @@ def test_an_unbanned_client_starts_from_zero_and_tombstones_expire():
 
 def test_every_ban_goes_round_in_the_reports():
     table = ClientTable(ban_rule(), 0.35, 0.0)
-    many = {ip(f"203.0.113.{i}"): 200 for i in range(3 * clients.MAX_BAN_NOTES)}
+    many = {ip(f"203.0.113.{i}"): 200 for i in range(3 * MAX_BAN_NOTES)}
     table.tick(1.0, many, 1)
     sent = [n.client for k in range(3) for n in table.tick(1.1 + 0.1 * k, {}, 1).report.bans]
     assert sorted(sent) == sorted(many)
@@ -434,9 +436,9 @@ clients_ = st.one_of(st.binary(min_size=4, max_size=4), st.binary(min_size=16, m
 
 
 @settings(max_examples=200, deadline=None)
-@given(entries=st.lists(st.tuples(clients_, st.floats(0, 2.0**40, width=32)), max_size=clients.REPORT_K),
+@given(entries=st.lists(st.tuples(clients_, st.floats(0, 2.0**40, width=32)), max_size=REPORT_K),
        bans=st.lists(st.tuples(clients_, st.integers(0, 2**64 - 1), st.floats(0, 2.0**20, width=32), st.booleans()),
-                     max_size=clients.MAX_BAN_NOTES),
+                     max_size=MAX_BAN_NOTES),
        lengths=st.tuples(st.integers(0, 32), st.integers(0, 128)))
 def test_report_bytes_is_the_real_encoded_size(entries, bans, lengths):
     report = ClientReport(lengths, tuple(entries), tuple(BanNote(*b) for b in bans))
@@ -452,9 +454,9 @@ def test_the_worst_report_fits_one_datagram_with_the_longest_header():
     """REPORT_K IPv6 /128 clients and MAX_BAN_NOTES IPv6 tombstones with 64-bit versions, in a
     ClientReports payload (Datagram oneof -> ClientReports.reports) behind a header with 64-char
     cluster and node ids, 64-bit seq and incarnation, and the HMAC tag."""
-    worst = ClientReport((32, 128), tuple((ip(f"2001:db8::{i:x}"), 3.4e38) for i in range(clients.REPORT_K)),
+    worst = ClientReport((32, 128), tuple((ip(f"2001:db8::{i:x}"), 3.4e38) for i in range(REPORT_K)),
                          tuple(BanNote(ip(f"2001:db8::{i:x}"), 2**64 - 1, 86400.0, True)
-                               for i in range(clients.MAX_BAN_NOTES)))
+                               for i in range(MAX_BAN_NOTES)))
     body = report_bytes(worst)
     assert body == len(encoded(worst)) == 887
     header = Header(cluster="c" * 64, node="n" * 64, dst="d" * 64, seq=2**64 - 1, sent_at=1.0,
@@ -462,10 +464,10 @@ def test_the_worst_report_fits_one_datagram_with_the_longest_header():
     header_and_tag = len(encode(Message(header, Batch()), b"k" * 32)) - 2     # less the empty Batch field
     assert header_and_tag == 272
     assert header_and_tag + framed(framed(body)) == 1165 <= MAX_DATAGRAM
-    ipv4 = ClientReport(V4_64, tuple((ip(f"198.51.100.{i}"), 1e6) for i in range(clients.REPORT_K)))
-    assert report_bytes(ipv4) == 5 + 2 + 2 + 2 * (3 + 4 * clients.REPORT_K)    # 8 bytes a client
-    ipv6 = ClientReport(V4_64, tuple((ip(f"2001:db8:0:{i:x}::"), 1e6) for i in range(clients.REPORT_K)))
-    assert report_bytes(ipv6) == 5 + 2 + 2 + (3 + 8 * clients.REPORT_K) + (3 + 4 * clients.REPORT_K)   # 12
+    ipv4 = ClientReport(V4_64, tuple((ip(f"198.51.100.{i}"), 1e6) for i in range(REPORT_K)))
+    assert report_bytes(ipv4) == 5 + 2 + 2 + 2 * (3 + 4 * REPORT_K)    # 8 bytes a client
+    ipv6 = ClientReport(V4_64, tuple((ip(f"2001:db8:0:{i:x}::"), 1e6) for i in range(REPORT_K)))
+    assert report_bytes(ipv6) == 5 + 2 + 2 + (3 + 8 * REPORT_K) + (3 + 4 * REPORT_K)   # 12
 
 
 # -- windows kept elsewhere (the kernel) --------------------------------------------------

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from daemon_harness import CLASS_ID, FakeDatapath, agent, config
 
-from drl.agent.clients.table import Windows, client_rule, parse_client_key, parse_prefix, parse_threshold
+from drl.agent.clients.rules import client_rule, parse_client_key, parse_prefix, parse_threshold
+from drl.agent.clients.windows import Windows
 from drl.agent.service.client_rules import ClientRules
 from drl.agent.gossip.wire import ClientReports, Header, Message, decode, encode
 
