@@ -67,8 +67,9 @@ def up_argv(program: str, *, iface: str, global_: str | None, allocator: str | N
 
 
 def agent_argv(plan: Plan, host: str, allocator: str, key_file: str, socket: str,
-               iface: str | None = None, program: str = "drl-agent") -> list[str]:
-    """``drl-agent up ...`` for ``host``; ``iface`` overrides the interface name (VMs name NICs their own way)."""
+               iface: str | None = None, program: str = "drl-agent", state_dir: str | None = None) -> list[str]:
+    """``drl-agent up ...`` for ``host``; ``iface`` overrides the interface name (VMs name NICs their own way);
+    ``state_dir`` keeps the agent's limits and allocator state apart from the host's own agent's."""
     exp = plan.exp
     if plan.ctl:
         # ID@HOST:PORT: gdrl, fillratio, dqmp and lease need to know every member's id
@@ -77,6 +78,7 @@ def agent_argv(plan: Plan, host: str, allocator: str, key_file: str, socket: str
     else:  # a single agent has nobody to talk to
         peers, listen, key = [], f"127.0.0.1:{GOSSIP_PORT}", None
     options = [arg for k, value in exp.agent_options(allocator).items() for arg in (f"--{k.replace('_', '-')}", value)]
+    options += ["--state-dir", state_dir] if state_dir else []
     return up_argv(program, iface=iface or plan.agent_ifaces()[host].name, global_=f"{to_bps(exp.global_Bps):.0f}bit",
                    allocator=allocator, node_id=host, socket=socket, listen=listen, peers=peers, key_file=key,
                    options=options)
@@ -151,7 +153,8 @@ def start_agents(lab: Lab, allocator: str, logs: Path) -> list[Agent]:
     agents = []
     for host in plan.agent_ifaces():
         sock = str(lab.state / f"{host}.sock")
-        argv = agent_argv(plan, host, allocator, str(key), sock, program=drl_agent())
+        argv = agent_argv(plan, host, allocator, str(key), sock, program=drl_agent(),
+                          state_dir=str(lab.state / f"{host}.state"))
         log = logs / f"agent-{host}.log"
         agents.append(Agent(host, sock, lab.spawn(host, argv, log=log), log, argv=argv))
     deadline = time.monotonic() + READY_TIMEOUT_S

@@ -125,6 +125,7 @@ def test_clean_removes_a_killed_runs_leftovers_and_keeps_live_ones():
 def test_short_baseline_runs_end_to_end(tmp_path):
     """FPS then CTB on the baseline squeezed to 20 s; result.json holds sane values."""
     out = tmp_path / "baseline"
+    host_state = {f: f.stat().st_mtime_ns for f in Path("/var/lib/drl").glob("*-l[12]*.json")}
     res = subprocess.run([*DRL_LAB, "run", "baseline", "--allocator", "fps", "--allocator", "ctb",
                           "--duration", "20s", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -143,6 +144,8 @@ def test_short_baseline_runs_end_to_end(tmp_path):
     for png in ("timeseries.png", "utilization.png", "flows.png"):
         assert (out / png).stat().st_size > 1000
     assert not [r for r in leftover_runs() if r in {run["run"] for run in doc["runs"]}]
+    # the lab's agents keep their limits and state in the run, not in this host's agent's dir
+    assert {f: f.stat().st_mtime_ns for f in Path("/var/lib/drl").glob("*-l[12]*.json")} == host_state
 
 
 @pytest.mark.slow

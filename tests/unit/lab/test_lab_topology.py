@@ -77,6 +77,13 @@ def test_agent_argv_gossips_on_the_control_network():
     assert agent_argv(p, "l2", "fps", "/k", "/s")[argv.index("--interval") + 1] == "500ms"
 
 
+def test_a_lab_agent_keeps_its_state_in_the_run_not_in_the_hosts_state_dir():
+    p = plan(resolve("baseline"), run="lb0001")
+    assert "--state-dir" not in agent_argv(p, "l1", "fps", "/k", "/s")     # VMs: the machine's own
+    argv = agent_argv(p, "l1", "fps", "/k", "/s", state_dir="/run/drl-lab/lb0001/l1.state")
+    assert argv[argv.index("--state-dir") + 1] == "/run/drl-lab/lb0001/l1.state"
+
+
 def test_single_agent_runs_insecure_on_loopback():
     p = plan(resolve("baseline"), run="lb0001", central=True)
     argv = agent_argv(p, "sw", "ctb", "/k", "/s")
