@@ -129,6 +129,43 @@ def fault_impact(aggregate: Sequence[float], dt: float, limit: float, at_s: floa
     return out
 
 
+def envelope(series: Sequence[float], dt: float, limit: float, budget: float, min_window_s: float = 1.0) -> dict:
+    """The promise, checked the way users look: every window of ``min_window_s`` or longer
+    carries at most ``limit`` x T + ``budget`` (one central token bucket of rate ``limit``
+    and depth ``budget``; ``series`` in units/s per ``dt`` bin, ``budget`` in units).
+
+    * ``excess``: the most any such window carried beyond ``limit`` x T (0 when none did),
+      at ``at_s`` for ``window_s``; the promise holds iff it is <= ``budget``;
+    * ``ratio``: the highest window total over its envelope ``limit`` x T + ``budget``
+      (<= 1 iff the promise holds), at ``ratio_at_s`` for ``ratio_window_s``.
+
+    Every window length counts, not only 1 s: a burst budget spent in one second and
+    again in the next is two budgets in two seconds, which 1-s windows alone never see."""
+    w = max(1, round(min_window_s / dt))
+    n = len(series)
+    prefix = [0.0]
+    for x in series:
+        prefix.append(prefix[-1] + x * dt)
+    out = {"budget": budget, "excess": 0.0, "at_s": None, "window_s": None,
+           "ratio": None, "ratio_at_s": None, "ratio_window_s": None}
+    low, low_at = math.inf, 0      # least of prefix[a] - limit*a*dt over the starts a <= b - w
+    for b in range(w, n + 1):
+        a = b - w
+        if prefix[a] - limit * a * dt < low:
+            low, low_at = prefix[a] - limit * a * dt, a
+        excess = prefix[b] - limit * b * dt - low
+        if excess > out["excess"]:
+            out.update(excess=excess, at_s=round(low_at * dt, 3), window_s=round((b - low_at) * dt, 3))
+    best = -math.inf
+    for a in range(0, n - w + 1):      # the ratio favours short windows: scan them all (n^2 / 2, n ~ 10^3)
+        for b in range(a + w, n + 1):
+            envelope_units = limit * (b - a) * dt + budget
+            if envelope_units > 0 and (r := (prefix[b] - prefix[a]) / envelope_units) > best:
+                best = r
+                out.update(ratio=r, ratio_at_s=round(a * dt, 3), ratio_window_s=round((b - a) * dt, 3))
+    return out
+
+
 def web_table(transfers: Iterable[dict]) -> list[dict]:
     """Harmonic-mean delivered rate (bits/s) of completed web transfers per size range (Table 1)."""
     rows = []

@@ -2,10 +2,10 @@
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from drl.lab.collector import DT, spread
-from drl.lab.metrics import convergence, rebin, utilization, web_table, window, within
+from drl.lab.metrics import convergence, envelope, rebin, utilization, web_table, window, within
 
 
 def test_within_is_relative():
@@ -80,3 +80,36 @@ def test_a_udp_group_that_left_no_report_voids_its_flows_not_the_run(tmp_path):
     (tmp_path / "flow0.json").unlink()
     with pytest.raises(LabError, match="no measurements from l1:tcp0"):
         flow_series([tcp, udp], tmp_path, {0: 0.0, 1: 0.0}, 20)
+
+
+def _envelope_brute(series, dt, limit, budget, w):
+    """Every window of at least ``w`` bins, summed out: the definition, slowly."""
+    excess, ratio = 0.0, None
+    for a in range(len(series)):
+        for b in range(a + w, len(series) + 1):
+            total, t = sum(series[a:b]) * dt, (b - a) * dt
+            excess = max(excess, total - limit * t)
+            ratio = total / (limit * t + budget) if ratio is None else max(ratio, total / (limit * t + budget))
+    return excess, ratio
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 3), min_size=1, max_size=40), st.floats(0.01, 2), st.floats(0, 1), st.integers(1, 8))
+def test_the_envelope_is_every_window_of_at_least_the_minimum_length(series, limit, budget, w):
+    got = envelope(series, 0.1, limit, budget, min_window_s=w * 0.1)
+    excess, ratio = _envelope_brute(series, 0.1, limit, budget, w)
+    assert got["excess"] == pytest.approx(excess, abs=1e-9)
+    assert (got["ratio"] is None) == (ratio is None)
+    if ratio is not None:
+        assert got["ratio"] == pytest.approx(ratio, rel=1e-9)
+
+
+def test_a_budget_spent_every_second_breaks_the_envelope_though_no_1s_window_does():
+    """1.05 x the limit for 10 s: every 1-s window is exactly its envelope (limit + a 50-ms
+    budget), but the 10 s carry ten budgets' excess: the longest window is the one to fail."""
+    series = [0.0] * 20 + [1.05] * 100 + [0.0] * 10
+    got = envelope(series, 0.1, 1.0, 0.05)
+    assert got["excess"] == pytest.approx(0.5) and got["window_s"] == pytest.approx(10.0)
+    assert got["ratio"] == pytest.approx(10.5 / 10.05) and got["ratio_window_s"] == pytest.approx(10.0)
+    assert envelope([1.0] * 100, 0.1, 1.0, 0.05)["excess"] == pytest.approx(0.0, abs=1e-9)
+    assert envelope([1.0] * 100, 0.1, 1.0, 0.05)["excess"] == pytest.approx(0.0, abs=1e-9)
