@@ -272,23 +272,14 @@ def import_file(path: str, registry: str, cluster: str, registry_ca: str | None,
 
 def checked_class_tables(path: str) -> list[dict]:
     """FILE's [[class]] tables, refused (ClickException, file:line where known) unless the agent
-    would accept them: the file's syntax and types, then each class as a ClassConf."""
-    from drl.agent.config.build import ConfigError, build_classes
-    from drl.cli import agent, configfile
+    would accept them (agent/config/load.py import_tables)."""
+    from drl.agent.config.build import ConfigError
+    from drl.agent.config.load import import_tables
 
     try:
-        tables = configfile.class_tables(path, agent.up)
-        defaults = agent.up.make_context("up", [], resilient_parsing=True).params
-        agent_opts, classes = configfile.merge(configfile.read(path, agent.up), defaults, set())
-        build_classes(agent_opts, classes, (), agent_opts["max_classes"])
-    except configfile.ConfigFileError as e:
-        raise click.ClickException(str(e)) from None
+        return import_tables(path)
     except ConfigError as e:
-        where = configfile.located(path, str(e))
-        raise click.ClickException(where if where.startswith(path) else f"{path}: {where}") from None
-    if not tables:
-        raise click.ClickException(f"{path}: no [[class]] table to import")
-    return tables
+        raise click.ClickException(str(e)) from None
 
 
 main.add_command(top)

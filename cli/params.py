@@ -1,7 +1,8 @@
 """click parameter types: user text -> internal units, once, with clear errors.
 
-All conversions go through agent/units.py; these types only turn a
-:class:`~agent.units.UnitError` into click's one-line usage error.
+All conversions are the parsers of agent/config/schema.py (which use
+agent/units.py); these types only turn their OptionError into click's one-line
+usage error, and :func:`field_options` makes the schema's fields click options.
 """
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import importlib.util
 
 import click
 
-from drl.agent.clients import table as clients
-from drl.agent import units
+from drl.agent.config import schema
 
 
 def version_option(command):
@@ -46,83 +46,68 @@ def require_extra(extra: str, *modules: str) -> None:
         raise click.ClickException(f"this command needs {', '.join(missing)}: pip install 'drl[{extra}]'")
 
 
-class _UnitType(click.ParamType):
-    parse = staticmethod(lambda text: text)
+class _Parsed:
+    """A click type around a parser of agent/config/schema.py: the parser's OptionError
+    becomes click's one-line usage error, naming the flag."""
+    parser: schema.Parser
 
     def convert(self, value, param, ctx):
-        if not isinstance(value, str):
-            return value
+        if not isinstance(value, str) and not self.parser.numeric:
+            return value            # already converted (a default given as a value)
         try:
-            return self.parse(value)
-        except (units.UnitError, ValueError) as e:
+            return self.parser(value)
+        except schema.OptionError as e:
             self.fail(str(e), param, ctx)
 
 
-class RateType(_UnitType):
-    """A tc-style rate ('50mbit', '10MBps') -> bytes/s."""
-    name = "rate"
-    parse = staticmethod(units.parse_rate)
+class _Type(_Parsed, click.ParamType):
+    def __init__(self, parser: schema.Parser):
+        self.parser, self.name = parser, parser.name
 
 
-class SizeType(_UnitType):
-    """A size ('75KB', '1MB') -> bytes."""
-    name = "size"
-    parse = staticmethod(units.parse_size)
+# click's own types for the kinds whose --help it describes ([a|b], INTEGER RANGE ... x>=1),
+# converting through the parser all the same
+class _Choice(_Parsed, click.Choice):
+    def __init__(self, parser: schema.Choice):
+        click.Choice.__init__(self, parser.choices)
+        self.parser = parser
 
 
-def _duration(text: str, positive: bool) -> float:
-    seconds = units.parse_duration(text)
-    if seconds < 0 or (positive and seconds == 0):
-        raise units.UnitError(f"duration must be {'positive' if positive else '0 or more'}: {text!r}")
-    return seconds
+class _IntRange(_Parsed, click.IntRange):
+    def __init__(self, parser: schema.IntRange):
+        click.IntRange.__init__(self, parser.lo, parser.hi)
+        self.parser = parser
 
 
-class DurationType(_UnitType):
-    """A duration ('100ms', '2s') -> seconds; must be positive."""
-    name = "duration"
-    parse = staticmethod(lambda text: _duration(text, positive=True))
+class _FloatRange(_Parsed, click.FloatRange):
+    def __init__(self, parser: schema.FloatRange):
+        click.FloatRange.__init__(self, parser.lo, parser.hi, max_open=parser.hi_open)
+        self.parser = parser
 
 
-class QuotaType(_UnitType):
-    """A volume quota ('10TB/30d') -> (bytes, seconds)."""
-    name = "quota"
-    parse = staticmethod(units.parse_quota)
+def param_type(parser: schema.Parser) -> click.ParamType:
+    for kind, wrap in ((schema.Choice, _Choice), (schema.IntRange, _IntRange), (schema.FloatRange, _FloatRange)):
+        if isinstance(parser, kind):
+            return wrap(parser)
+    return _Type(parser)
 
 
-class ProbabilityType(_UnitType):
-    name = "probability"
-
-    @staticmethod
-    def parse(text):
-        p = float(text)
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"probability must be within 0..1: {text!r}")
-        return p
-
-
-class SpanType(_UnitType):
-    """A duration that may be 0 ('0s', '3600s', '1h') -> seconds (a ban's extra time)."""
-    name = "duration"
-    parse = staticmethod(lambda text: _duration(text, positive=False))
+def field_options(fields: tuple[schema.Field, ...]):
+    """Decorator: one click option per field of the configuration model, in the fields' order."""
+    def decorate(command):
+        for f in reversed(fields):
+            kw = dict(help=f.help, default=f.default, show_default=f.show_default, metavar=f.metavar,
+                      multiple=f.multiple, envvar=f.envvar)
+            if f.is_flag:
+                kw.update(is_flag=True, default=bool(f.default))
+            else:
+                kw.update(type=param_type(f.parse))
+            command = click.option(f.flag, f.name, **kw)(command)
+        return command
+    return decorate
 
 
-class ClientKeyType(_UnitType):
-    """Who a client is: 'dst/32', 'dst/24/56', 'src/64' (agent/clients/table.py)."""
-    name = "client-key"
-    parse = staticmethod(clients.parse_client_key)
-
-
-class ThresholdType(_UnitType):
-    """A per-client threshold: a rate ('2mbit') or COUNT/WINDOW ('2000/1200s')."""
-    name = "threshold"
-    parse = staticmethod(clients.parse_threshold)
-
-
-class PrefixType(_UnitType):
-    """An address or CIDR prefix, either family."""
-    name = "prefix"
-    parse = staticmethod(clients.parse_prefix)
-
-
-RATE, SIZE, DURATION, QUOTA, PROBABILITY = RateType(), SizeType(), DurationType(), QuotaType(), ProbabilityType()
-SPAN, CLIENT_KEY, THRESHOLD, PREFIX = SpanType(), ClientKeyType(), ThresholdType(), PrefixType()
+RATE, SIZE, DURATION, QUOTA, PROBABILITY = map(param_type, (schema.RATE, schema.SIZE, schema.DURATION, schema.QUOTA,
+                                                            schema.PROBABILITY))
+SPAN, CLIENT_KEY, THRESHOLD, PREFIX = map(param_type, (schema.SPAN, schema.CLIENT_KEY, schema.THRESHOLD, schema.PREFIX))
+MARK = param_type(schema.MARK)
