@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from drl.agent import allocators
+from drl.agent.config.toml import key_line
 from drl.agent.units import UnitError, parse_duration, parse_rate, parse_size
 
 from .errors import LabError
@@ -357,21 +358,7 @@ class _Source:
 
     def line(self, table: str | None, index: int | None, key: str | None) -> int | None:
         """Line of ``key`` in the ``index``-th ``[table]``/``[[table]]`` (or of the header itself)."""
-        header = re.compile(rf"^\s*\[\[?\s*{re.escape(table)}(\.[^\]]*)?\s*\]\]?") if table else None
-        count, start = -1, None if table else 0
-        for n, line in enumerate(self.lines, 1):
-            if header and header.match(line) and start is None:
-                count += 1
-                if count == (index or 0):
-                    start = n
-                continue
-            if start is None:
-                continue
-            if re.match(r"^\s*\[", line):
-                break
-            if key and re.match(rf"^\s*\"?{re.escape(key)}\"?\s*=", line):
-                return n
-        return start or None
+        return key_line(self.lines, table, index, key)
 
 
 class _Table:
