@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 from drl.agent.config.build import build_config, class_key
+from drl.agent.config.load import load_config
+from drl.agent.config.schema import defaults
 from drl.agent.gossip.core import CLUSTER, Outgoing
 from drl.agent.gossip.memory import MemoryTransport
 from drl.agent.gossip.wire import decode
 from drl.agent.kernel.fake import CLASS_ID, FakeDatapath
 from drl.agent.service.daemon import Agent
-from drl.cli.agent import load_config, up
+from drl.cli.agent import up
 
 __all__ = ["CLASS_ID", "DEFAULT", "TWO", "FakeDatapath", "MemoryTransport", "agent", "config", "file_agent",
            "published", "rules_of", "values"]
@@ -67,10 +69,8 @@ match = ["dport=5202,proto=tcp"]
 def file_agent(tmp_path, text, dp):
     path = tmp_path / "drl.toml"
     path.write_text(text)
-    opts = up.make_context("up", ["--config", str(path), "--socket", str(tmp_path / "ctl.sock"),
-                                  "--state-dir", str(tmp_path / "state")]).params
-    opts.pop("config")
-    cfg = load_config(str(path), opts, {"socket_path", "state_dir"}, check_host=False)
+    opts = {**defaults(), "socket_path": str(tmp_path / "ctl.sock"), "state_dir": str(tmp_path / "state")}
+    cfg = load_config(str(path), opts, {"socket_path", "state_dir"}, check_host=False)   # the model, no flags
     return agent(cfg, dp), path
 
 

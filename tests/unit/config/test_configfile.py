@@ -1,4 +1,4 @@
-"""drl.toml (cli/configfile.py): parsed by the flags' own types, errors at file:line, flags on top."""
+"""drl.toml (agent/config/toml.py): parsed by the flags' own parsers, errors at file:line, flags on top."""
 from __future__ import annotations
 
 import textwrap
