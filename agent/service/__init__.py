@@ -1,9 +1,13 @@
 """The service: the tick loop wiring every layer, and the operator's ways in.
 
-Owns the daemon and its tick (``daemon``), the per-class run table
-(``class_table``), per-client rules at run time (``client_rules``), the
-control socket (``control``), Prometheus metrics (``metrics``) and the systemd
-notify protocol (``notify``).
+Owns the daemon, its loop and tick (``daemon``) and what the agent holds
+beside it: the control commands (``commands``), the status tree (``status``),
+following etcd's members and classes (``registry_sync``), limits between
+peers (``limit_gossip``), drops by reason (``drops``), the change log lines
+(``change_log``), signals (``signals``), what a host may send (``rates``);
+the per-class run table (``class_table``), per-client rules at run time
+(``client_rules``), the control socket (``control``), Prometheus metrics
+(``metrics``) and the systemd notify protocol (``notify``).
 
 May import: every other part of ``drl.agent``.  Never ``drl.cli``: the CLI
 calls into the service, not the reverse.

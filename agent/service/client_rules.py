@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from drl.agent import logs
-from drl.agent.clients.table import ClientRule, ClientTable, Network
+from drl.agent.clients.rules import ClientRule, Network
+from drl.agent.clients.table import ClientTable
 from drl.agent.gossip.wire import ClassClients, ClientReports
 
 log = logs.get_logger("drl.agent")

@@ -12,8 +12,8 @@ membership as they arrive, so liveness is exact and the socket buffer never
 fills), the control socket (drlctl, drl-agent down/reload) and the signal
 pipe (SIGTERM/SIGINT stop, SIGHUP reloads the config file).
 
-Classes live in a :class:`~agent.tenants.ClassTable`; their global limits
-and versions in a :class:`~agent.limits.LimitBook`: a ``drlctl set`` or a
+Classes live in a :class:`~drl.agent.service.class_table.ClassTable`; their global
+limits and versions in a :class:`~drl.agent.cluster.limits.LimitBook`: a ``drlctl set`` or a
 changed config file makes a new version, which gossip announces to every
 peer, and a peer still on an older version is told the newer one.
 
@@ -25,55 +25,59 @@ before it attaches, and every exit path detaches: nothing stays on the
 interface after an error.  Logs are one line per state change (start, peer
 alive/stale, mode, allocator warnings, limit changes, reloads, stop), as
 logfmt or JSON (agent/logs.py; docs/logs.md lists the events).
+
+The agent holds the pieces; each concern is its own module beside this one:
+the control commands (``commands``), the status tree (``status``), etcd's
+members and classes (``registry_sync``), limits between peers
+(``limit_gossip``), drops by reason (``drops``), the change log lines
+(``change_log``), signals (``signals``) and what a host may send (``rates``).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import gc
-import json
-import math
 import selectors
 import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from drl.agent.clients.table import ClientRuleError, parse_prefix
-from drl.agent.config.build import ClassConf, Config, ConfigError
-from drl.agent.service.control import ControlError, ControlServer
-from drl.agent.kernel.datapath import Counters, Datapath, DatapathError, now_ns
-from drl.agent.gossip.core import CLUSTER, Outgoing, Received, cycle_rounds, new_incarnation
 from drl.agent import logs
-from drl.agent.cluster.limits import Limit, LimitBook, LimitBookError
-from drl.agent.gossip.membership import Membership, liveness_timeout
-from drl.agent.service.metrics import (CLIENT_DROP_REASONS, Board, DropTally, MetricsError, MetricsServer, TickStats,
-                               drop_reason)
-from drl.agent.model import SLOW_START_Bps, Decision, Local, Mode, Snapshot, effective_limit
-from drl.agent.service.notify import Notifier
-from drl.agent.service.client_rules import ClientRules
-from drl.agent.gossip.peers import format_addr
-from drl.agent.cluster.registry import Registry, RegistryError, RegistryView
-from drl.agent.kernel.shaper import Shaper
-from drl.agent.kernel.interface import DatapathPort
+from drl.agent.cluster.limits import LimitBook, LimitBookError
+from drl.agent.cluster.registry import RegistryError
+from drl.agent.config.build import ClassConf, Config, ConfigError
+from drl.agent.gossip.core import CLUSTER, Outgoing, new_incarnation
 from drl.agent.gossip.interface import TransportPort
-from drl.agent.service.class_table import Changes, ClassRun, ClassTable, StateFileError
+from drl.agent.gossip.membership import Membership
 from drl.agent.gossip.transport import Standalone, TransportError, UdpTransport
-from drl.agent.units import parse_rate, to_bps, UnitError
-from drl.agent.gossip.wire import Batch, ClientReports, LimitNote
+from drl.agent.gossip.wire import Batch, ClientReports
+from drl.agent.kernel.datapath import Counters, Datapath, DatapathError, now_ns
+from drl.agent.kernel.interface import DatapathPort
+from drl.agent.kernel.shaper import Shaper
+from drl.agent.model import SLOW_START_Bps, Decision, Mode, Snapshot
+from drl.agent.service import commands
+from drl.agent.service.change_log import ChangeLog
+from drl.agent.service.class_table import Changes, ClassRun, ClassTable, StateFileError
+from drl.agent.service.client_rules import ClientRules
+from drl.agent.service.control import ControlError, ControlServer
+from drl.agent.service.drops import Drops
+from drl.agent.service.limit_gossip import LimitGossip
+from drl.agent.service.metrics import Board, MetricsError, MetricsServer, TickStats
+from drl.agent.service.notify import Notifier
+from drl.agent.service.rates import local_limit, safe_rate, slack_s
+from drl.agent.service.registry_sync import RegistrySync
+from drl.agent.service.signals import watch_signals
+from drl.agent.service.status import agent_status, listen
+from drl.agent.units import to_bps
+
+# What other code imports from here; CLUSTER is gossip.core's, the cluster id the agent gossips under.
+__all__ = ["CLUSTER", "Agent", "StartupError", "run", "udp_transport", "kernel_datapath", "kernel_shaper"]
 
 log = logs.get_logger("drl.agent")
 
 
-# a first view of etcd takes milliseconds; more than this and the agent starts without it
-REGISTRY_START_S = 3.0
-REJECTS_EVERY_S = 60.0         # gossip_rejected: one line per reason at most this often
-REJECT_HINTS = {"forged": "every agent of the cluster needs the same --key-file",
-                "unknown_peer": "the sender is not in --peers (nor, with --registry, a member)",
-                "wrong_cluster": "the sender belongs to another cluster",
-                "unknown_version": "the sender runs another wire version of drl",
-                "wrong_sender": "the sender uses a node id bound to another address"}
 GC_YOUNG_THRESHOLD = 20_000     # allocations between young collections (Python's default: 700)
 
 
@@ -173,10 +177,9 @@ class Agent:
         self.ticks = 0
         self.notify = Notifier.from_env()    # systemd Type=notify (agent/service/notify.py); a no-op without NOTIFY_SOCKET
         self._stack.callback(self.notify.close)
-        self._facts: dict[str, Any] = {}
-        self._rejects_said: dict[str, tuple[int, float]] = {}   # reason -> (count, when) of its last log line
+        self.changes = ChangeLog()
         self.tick_stats = TickStats()
-        self._drops: dict[str, tuple[ClassRun, DropTally]] = {}    # by class name; a new run starts over
+        self.drops = Drops()
 
     def _acquire(self, transport: Callable[[Config], Any], datapath: Callable[[Config, int | None], Any]) -> None:
         """Sockets, state and BPF, in the order that leaves nothing attached if one fails."""
@@ -193,15 +196,11 @@ class Agent:
             self._stack.callback(MetricsServer(cfg.metrics, self.board).close)
         names = {self.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
         self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names,
-                                  failsafe_s=cfg.failsafe_s, slack_s=_slack_s(cfg, len(cfg.peers)))
-        self.registry: Registry | None = None
-        self._peers_applied = ({p.addr: p.node_id for p in cfg.peers}, {})      # (members, lost)
-        self._bad_keys: tuple[str, ...] = ()
-        self._registry_seen: tuple[int, dict | None] = (-1, None)   # (Registry.changed(), the classes applied)
-        self._classes_refused: str | None = None    # why etcd's classes do not check, while they do not
-        self._registry_up = True
+                                  failsafe_s=cfg.failsafe_s, slack_s=slack_s(cfg, len(cfg.peers)))
+        self.sync = RegistrySync(cfg, self.transport, self.members)
         if cfg.registry is not None:
-            self.cfg = cfg = dataclasses.replace(cfg, classes=self._start_registry())
+            self._stack.callback(self._leave_registry)    # runs after the datapath's close: we leave last
+            self.cfg = cfg = dataclasses.replace(cfg, classes=self.sync.start())
         self.book = LimitBook(Path(cfg.state_dir) / f"limits-{cfg.node_id}.json")
         self.dp = datapath(cfg, self.transport.address[1] if self.transport.address else None)
         self._stack.callback(self._close, self.dp)
@@ -212,10 +211,16 @@ class Agent:
         self.table.apply(cfg.classes, self._member_ids(), self.members.n_nodes)
         self.clients = ClientRules(self.dp, cfg.node_id)
         self.clients.apply(self.table, time.monotonic(), self.members.timeout_s, self.members.n_nodes)
+        self.limits = LimitGossip(self.book, self.table, self.transport)
         for run in self.table:      # peers whose file says otherwise, or who missed a change, learn ours
-            self._announce(run)
+            self.limits.announce(run)
         self.dp.set_sample_probability(cfg.sample_probability)
         self.dp.attach()
+
+    @property
+    def registry(self):
+        """etcd (cluster.registry.Registry) with --registry, else None."""
+        return self.sync.registry
 
     def _close(self, kernel_side) -> None:
         """The datapath or the shaper: detached at a stop, left enforcing after a failure."""
@@ -223,7 +228,7 @@ class Agent:
 
     def _leave_registry(self) -> None:
         """At a stop we leave; after a failure our lease expires, as a killed agent's does."""
-        self.registry.close(leave=not self.failed)
+        self.sync.close(leave=not self.failed)
 
     def _member_ids(self) -> tuple[str, ...]:
         return self.members.view(0, time.monotonic()).members
@@ -244,26 +249,14 @@ class Agent:
 
     def serve(self) -> int:
         cfg = self.cfg
-        first = next(iter(self.table))
-        log.info("started", node=cfg.node_id, iface=cfg.iface, classes=len(self.table),
-                 allocator=first.conf.allocator.name, global_bps=round(to_bps(self.book.get(first.name).global_Bps)),
-                 peers=self.members.n_nodes - 1, listen=_listen(self.transport.address), interval_ms=round(cfg.interval_s * 1000, 3),
-                 auth="hmac-sha256" if cfg.key else "none")
-        if cfg.standalone:
-            log.info("standalone", gossip="off", reason="no_peers")
+        self._log_started()
         sel, wakeup = self._selector()
         next_tick = time.monotonic()
         try:
             while not self.stopping:
                 now = time.monotonic()
                 if now >= next_tick:
-                    self._follow_registry()
-                    self.tick(now)
-                    self._notify_progress()
-                    done = time.monotonic()
-                    self.tick_stats.observe(done - now, overran=done > next_tick + cfg.interval_s)
-                    if self.board.wanted:     # a scrape waits for this tick's state (agent/service/metrics.py)
-                        self.board.publish(self.status())
+                    self._tick_and_report(now, next_tick)
                     # a late tick is not made up: the next one is a whole interval away
                     next_tick = max(next_tick + cfg.interval_s, now + cfg.interval_s / 2)
                 for key, _ in sel.select(max(0.0, next_tick - time.monotonic())):
@@ -278,12 +271,82 @@ class Agent:
             wakeup.close()
         return 0
 
+    def _log_started(self) -> None:
+        cfg = self.cfg
+        first = next(iter(self.table))
+        log.info("started", node=cfg.node_id, iface=cfg.iface, classes=len(self.table),
+                 allocator=first.conf.allocator.name, global_bps=round(to_bps(self.book.get(first.name).global_Bps)),
+                 peers=self.members.n_nodes - 1, listen=listen(self.transport.address),
+                 interval_ms=round(cfg.interval_s * 1000, 3), auth="hmac-sha256" if cfg.key else "none")
+        if cfg.standalone:
+            log.info("standalone", gossip="off", reason="no_peers")
+
+    def _tick_and_report(self, now: float, due: float) -> None:
+        """One tick of the loop, and what watches it: systemd, the tick statistics, a scrape."""
+        self._follow_registry()
+        self.tick(now)
+        self._notify_progress()
+        done = time.monotonic()
+        self.tick_stats.observe(done - now, overran=done > due + self.cfg.interval_s)
+        if self.board.wanted:     # a scrape waits for this tick's state (agent/service/metrics.py)
+            self.board.publish(self.status())
+
     def _notify_progress(self) -> None:
         """systemd: READY=1 after the first tick (the filter is attached and the loop runs);
         watchdog beats only from completed ticks, so a loop stuck anywhere stops them."""
         if self.ticks == 1:
             self.notify.ready()
         self.notify.watchdog(time.monotonic())
+
+    def _selector(self) -> tuple[selectors.BaseSelector, socket.socket]:
+        """Datagrams, control requests and signals, each handled as it arrives."""
+        sel = selectors.DefaultSelector()
+        if self.transport.sock is not None:
+            sel.register(self.transport.sock, selectors.EVENT_READ, self.receive)
+        sel.register(self.control, selectors.EVENT_READ, self._serve_control)
+        return sel, watch_signals(sel, self._stack, stop=self._stop, reload=self._reload_notified)
+
+    def _stop(self) -> None:
+        self.stopping = True
+
+    def receive(self) -> None:
+        """Hand every datagram that arrived to membership, point-to-point ones to their
+        class's inbox, and the limits in Batches to the limit book."""
+        now = time.monotonic()
+        for rx in self.transport.poll(now):
+            self.members.observe(rx, now)
+            if isinstance(rx.payload, Batch):
+                self.limits.heard(rx)
+            elif isinstance(rx.payload, ClientReports):
+                self.clients.receive(rx.header.node, rx.payload, now)
+            elif (run := self.table.by_key(rx.header.class_id)) is not None:
+                run.inbox.append(rx.envelope)
+
+    # -- control (service/commands.py) --------------------------------------------------------
+
+    def commands(self) -> dict[str, Callable[[dict], dict]]:
+        """The control socket's commands by name, each a request dict -> a reply dict."""
+        return {"status": lambda req: {"ok": True, "status": self.status()},
+                "down": self._down, "set": self.set_limit,
+                "reload": lambda req: self._reload_notified(),
+                "clients": lambda req: commands.list_clients(req, self.table, self.clients, time.monotonic()),
+                "unban": lambda req: commands.unban(req, self.table, self.clients, time.monotonic())}
+
+    def _serve_control(self) -> None:
+        self.control.handle_one(self.commands())
+
+    def _down(self, req: dict) -> dict:
+        log.info("down_requested")
+        self.stopping = True
+        return {"ok": True}
+
+    def set_limit(self, req: dict) -> dict:
+        """drlctl set CLASS --global RATE (commands.set_limit)."""
+        return commands.set_limit(req, self.table, self.book, self.limits, self.sync, self.members.n_nodes - 1)
+
+    def reload(self) -> dict:
+        """Re-read the config file (commands.reload); a bad file changes nothing."""
+        return commands.reload(self.cfg, self.sync, self._apply_classes, self.table)
 
     def _reload_notified(self) -> dict:
         """reload() between RELOADING=1 and READY=1: `systemctl reload` waits for it to end."""
@@ -293,164 +356,6 @@ class Agent:
         finally:
             self.notify.ready()
 
-    def _selector(self) -> tuple[selectors.BaseSelector, socket.socket]:
-        sel = selectors.DefaultSelector()
-        if self.transport.sock is not None:
-            sel.register(self.transport.sock, selectors.EVENT_READ, self.receive)
-        sel.register(self.control, selectors.EVENT_READ, self._serve_control)
-        rx, tx = socket.socketpair()
-        rx.setblocking(False)
-        tx.setblocking(False)
-        signal.set_wakeup_fd(tx.fileno())
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
-        sel.register(rx, selectors.EVENT_READ, lambda: self._signalled(rx))
-        self._stack.callback(tx.close)
-        self._stack.callback(signal.set_wakeup_fd, -1)
-        return sel, rx
-
-    def _on_signal(self, signum, frame) -> None:
-        if signum != signal.SIGHUP:
-            log.info("signal", name=signal.Signals(signum).name)
-            self.stopping = True
-
-    def _signalled(self, rx: socket.socket) -> None:
-        """The signal pipe: a SIGHUP reloads here, in the loop, never inside a tick."""
-        if signal.SIGHUP in rx.recv(64):
-            log.info("signal", name="SIGHUP")
-            self._reload_notified()
-
-    def receive(self) -> None:
-        """Hand every datagram that arrived to membership, point-to-point ones to their
-        class's inbox, and the limits in Batches to the limit book."""
-        now = time.monotonic()
-        for rx in self.transport.poll(now):
-            self.members.observe(rx, now)
-            if isinstance(rx.payload, Batch):
-                self._limits_heard(rx)
-            elif isinstance(rx.payload, ClientReports):
-                self.clients.receive(rx.header.node, rx.payload, now)
-            elif (run := self.table.by_key(rx.header.class_id)) is not None:
-                run.inbox.append(rx.envelope)
-
-    def _limits_heard(self, rx: Received) -> None:
-        """Adopt newer limits; tell a peer that holds an older one ours."""
-        changed = False
-        for note in rx.payload.limits:
-            run = self.table.by_key(note.key)
-            if run is None:
-                continue
-            heard = Limit(note.version, note.global_Bps)
-            if self.book.merge(run.name, heard):
-                log.info("limit_changed", class_=run.name, global_bps=round(to_bps(note.global_Bps)),
-                         version=note.version, from_=rx.header.node)
-                changed = True
-            elif heard < self.book.get(run.name):     # e.g. the same version from a file that differs
-                self._announce(run, rx.addr)
-        if changed:
-            self.book.save()
-        for v in rx.payload.values:
-            run = self.table.by_key(v.key)
-            if run is not None and v.version < self.book.get(run.name).version:
-                self._announce(run, rx.addr)
-
-    def _announce(self, run: ClassRun, addr=None) -> None:
-        """``run``'s limit to ``addr``, or to every peer."""
-        limit = self.book.get(run.name)
-        self.transport.announce(LimitNote(run.conf.key, limit.version, limit.global_Bps), addr)
-
-    # -- control ----------------------------------------------------------------------------
-
-    def _serve_control(self) -> None:
-        self.control.handle_one({"status": lambda req: {"ok": True, "status": self.status()},
-                                 "down": self._down, "set": self.set_limit,
-                                 "reload": lambda req: self._reload_notified(),
-                                 "clients": self._clients, "unban": self._unban})
-
-    def _down(self, req: dict) -> dict:
-        log.info("down_requested")
-        self.stopping = True
-        return {"ok": True}
-
-    def set_limit(self, req: dict) -> dict:
-        """drlctl set CLASS --global RATE: a new version here, announced to every peer."""
-        run = self.table.get(str(req.get("class")))
-        if run is None:
-            return {"ok": False, "error": f"no class {req.get('class')!r} (see drlctl classes)"}
-        try:
-            rate = parse_rate(str(req.get("global")))
-        except UnitError as e:
-            return {"ok": False, "error": str(e)}
-        if run.conf.allocator.name == "dqmp":      # a set would change the label and promise a limit
-            return {"ok": False, "error": f"class {run.name!r} enforces its volume quota (allocator dqmp), not a "
-                                         f"rate; its global only sets the fail-safe rate: change quota or global "
-                                         f"in the config file and reload"}
-        if self.registry is not None:
-            return self._set_in_registry(run, str(req.get("global")), rate)
-        limit = self.book.set(run.name, rate)
-        self.book.save()
-        self._announce(run)
-        log.info("limit_changed", class_=run.name, global_bps=round(to_bps(rate)), version=limit.version,
-                 from_="drlctl")
-        return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate), "limit_version": limit.version,
-                "peers": self.members.n_nodes - 1}
-
-    def _clients(self, req: dict) -> dict:
-        """drlctl clients [CLASS]: each class's client rule and its top clients."""
-        name = req.get("class")
-        if name is not None and self.table.get(str(name)) is None:
-            return {"ok": False, "error": f"no class {name!r} (see drlctl classes)"}
-        limit = req.get("limit")
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
-            return {"ok": False, "error": f"limit {limit!r}: give a number of clients, 1 or more"}
-        listing = self.clients.listing(name, time.monotonic(), limit)
-        if name is not None and not listing:
-            return {"ok": False, "error": f"class {name!r} has no client rule"}
-        return {"ok": True, "classes": listing}
-
-    def _unban(self, req: dict) -> dict:
-        """drlctl unban PREFIX [--class NAME]: lifted here, the tombstones go to every peer."""
-        try:
-            prefix = parse_prefix(str(req.get("prefix")))
-        except ClientRuleError as e:
-            return {"ok": False, "error": str(e)}
-        name = req.get("class")
-        if name is not None and self.table.get(str(name)) is None:
-            return {"ok": False, "error": f"no class {name!r} (see drlctl classes)"}
-        lifted = self.clients.unban(prefix, None if name is None else str(name), time.monotonic())
-        if not lifted:
-            return {"ok": False, "error": f"no ban on {prefix}" + (f" in class {name!r}" if name else "")}
-        return {"ok": True, "lifted": [{"class": c, "client": n} for c, n in lifted]}
-
-    def _set_in_registry(self, run: ClassRun, text: str, rate: float) -> dict:
-        """With a registry the class's table in etcd gets the new limit, and every agent (this
-        one too) applies it from its watch; written when etcd is back if it is away now.  A
-        class etcd does not have yet goes there whole (its rules and allocator), so an agent
-        that has no such class of its own starts the same one, not one matching everything."""
-        view = self.registry.view()
-        table = view.classes.get(run.name) or {"name": run.name, "allocator": run.conf.allocator.name,
-                                                "match": [str(rule) for rule in run.conf.rules]}
-        self.registry.put_class({**table, "global": text})
-        state = "queued" if view.reachable else "pending"      # pending: written once etcd is back
-        log.info("limit_requested", class_=run.name, global_bps=round(to_bps(rate)), from_="drlctl", registry=state)
-        return {"ok": True, "class": run.name, "global_limit_bps": to_bps(rate),
-                "limit_version": self.book.get(run.name).version, "registry": state,
-                "classes_refused": self._classes_refused}
-
-    def reload(self) -> dict:
-        """Re-read the config file: classes added, changed or removed in place.  A bad file
-        changes nothing."""
-        if self.cfg.reload is None:
-            return {"ok": False, "error": "the agent was started without --config: nothing to reload"}
-        try:
-            changes = self._apply_classes(self.cfg.reload(self._registry_seen[1]))
-        except (ConfigError, ValueError) as e:      # ClassifyError is a ValueError
-            log.error("reload_failed", error=str(e))
-            return {"ok": False, "error": str(e)}
-        log.info("reloaded", classes=len(self.table), added=list(changes.added), changed=list(changes.changed),
-                 removed=list(changes.removed))
-        return {"ok": True, **dataclasses.asdict(changes)}
-
     def _apply_classes(self, confs: tuple[ClassConf, ...]) -> Changes:
         """Make ``confs`` the classes in force (a reload, or the registry's); raises like
         ClassTable.apply, having changed nothing."""
@@ -458,114 +363,19 @@ class Agent:
         self.clients.apply(self.table, time.monotonic(), self.members.timeout_s, self.members.n_nodes)
         for run in self.table:
             if run.name in changes.changed or run.name in changes.added:
-                self._announce(run)
+                self.limits.announce(run)
         self.cfg = dataclasses.replace(self.cfg, classes=confs)
-        self._drops = {name: v for name, v in self._drops.items() if self.table.get(name) is not None}
+        self.drops.retain(self.table)
         self.shaper.retain([run.class_id for run in self.table])    # removed classes' HTB classes go
         return changes
 
-    # -- the registry -----------------------------------------------------------------------
-
-    def _start_registry(self) -> tuple[ClassConf, ...]:
-        """Register in etcd and wait (REGISTRY_START_S at most) for its first view: the
-        members to start with and the classes in force.  Without one the agent cannot know
-        its peers, so it does not start (a 1/N share of a cluster it cannot see would be
-        the whole limit), unless --peers names them."""
-        cfg = self.cfg
-        self.registry = Registry(dataclasses.replace(cfg.registry, mark=cfg.gossip_mark), cfg.node_id,
-                                 self.transport.address, self.transport.core.incarnation)
-        self._stack.callback(self._leave_registry)    # runs after the datapath's close: we leave last
-        self.registry.start()
-        deadline = time.monotonic() + REGISTRY_START_S
-        while not self.registry.view().reachable and time.monotonic() < deadline:
-            time.sleep(0.01)
-        seen, view = self.registry.snapshot()
-        self._registry_up = view.reachable
-        if not view.reachable:
-            if not cfg.peers or not cfg.classes:
-                raise RegistryError(f"no view of the cluster from etcd ({view.error}): without it this agent "
-                                    f"knows neither its peers nor, if it has none of its own, its classes")
-            log.warning("registry", state="unreachable", error=view.error)
-            return cfg.classes
-        self._follow_members(view)
-        self._registry_seen = (seen, view.classes)
-        try:
-            confs = self.cfg.live_classes(view.classes)
-        except (ConfigError, ValueError) as e:      # one bad table in etcd must not keep every agent down
-            if not cfg.classes:
-                raise RegistryError(f"etcd's classes do not check and this agent has none of its own: {e}") from None
-            self._refuse_registry_classes(e)
-            return cfg.classes
-        if not confs:
-            raise RegistryError(f"no class to limit: none given (--global, --config) and none in etcd under "
-                                f"{cfg.registry.prefix}classes/")
-        return confs
-
     def _follow_registry(self) -> None:
-        """What changed in etcd since the last tick: members, then classes.  While etcd is
-        unreachable nothing changes: the last members and classes stay, gossip goes on."""
-        if self.registry is None:
-            return
-        seen, view = self.registry.snapshot()
-        if seen == self._registry_seen[0]:
-            return
-        self._registry_seen = (seen, self._registry_seen[1])
-        if view.reachable != self._registry_up:
-            self._registry_up = view.reachable
-            if view.reachable:
-                log.info("registry", state="reachable")
-            else:
-                log.warning("registry", state="unreachable", error=view.error)
-        if not view.reachable:
-            return
-        if view.bad_keys != self._bad_keys:
-            self._bad_keys = view.bad_keys
-            if view.bad_keys:
-                log.warning("registry_bad_keys", keys=list(view.bad_keys))     # an etcdctl typo, say
-        self._follow_members(view)
-        if view.classes != self._registry_seen[1]:
-            self._registry_seen = (seen, view.classes)
-            self._follow_classes(view.classes)
+        """What changed in etcd since the last tick (registry_sync.py); none without --registry."""
+        self.sync.follow(self._apply_classes)
 
-    def _follow_classes(self, tables: dict[str, dict]) -> None:
-        """etcd's classes on top of ours; a set that does not check changes nothing."""
-        try:
-            confs = self.cfg.live_classes(tables)
-            if not confs:
-                raise ConfigError("no class left: the agent keeps the ones it has")
-            changes = self._apply_classes(confs)
-        except (ConfigError, ValueError) as e:
-            self._refuse_registry_classes(e)
-            return
-        self._classes_refused = None
-        log.info("registry_classes", classes=len(self.table), added=list(changes.added),
-                 changed=list(changes.changed), removed=list(changes.removed))
-
-    def _refuse_registry_classes(self, e: Exception) -> None:
-        """etcd's classes do not check: the agent keeps its own, says why, and shows it in status."""
-        self._classes_refused = str(e)
-        log.error("registry_classes_refused", error=str(e))
-
-    def _follow_members(self, view: RegistryView) -> None:
-        """The registry's members (and --peers) become the gossip targets and N; a lost one
-        stays a gossip target and reserved, but out of N (Membership.set_peers)."""
-        cfg = self.cfg
-        wanted = {m.addr: m.node_id for m in view.members.values() if m.node_id != cfg.node_id}
-        wanted.update({p.addr: p.node_id for p in cfg.peers})
-        lost = {m.addr: m.node_id for m in view.lost.values() if m.addr not in wanted}
-        if (wanted, lost) == self._peers_applied:
-            return
-        (before, _), self._peers_applied = self._peers_applied, (wanted, lost)
-        n = len(wanted)
-        timeout_s = None if cfg.peer_timeout_fixed else liveness_timeout(cfg.interval_s, n, cfg.branching)
-        heard_from = self.transport.set_peers({**wanted, **lost}, timeout_s=timeout_s)
-        self.members.set_peers(heard_from, timeout_s=timeout_s, slack_s=_slack_s(cfg, n),
-                               lost=[a for a, node in heard_from.items() if node in lost.values()])
-        log.info("members", n=1 + n, joined=sorted(str(wanted[a]) for a in wanted.keys() - before.keys()) or None,
-                 left=sorted(str(before[a]) for a in before.keys() - wanted.keys() - lost.keys()) or None,
-                 lost=sorted(lost.values()) or None)
-        for addr, why in self.transport.unresolved.items():
-            log.warning("peer_unresolved", peer=f"{({**wanted, **lost})[addr]}@{addr[0]}:{addr[1]}", error=why)
+    def status(self) -> dict:
+        """drlctl status --json (status.py agent_status)."""
+        return agent_status(self, time.monotonic())
 
     # -- the tick ---------------------------------------------------------------------------
 
@@ -586,7 +396,7 @@ class Agent:
             reports = self.clients.tick(now, n_hosts, self.members.timeout_s)
             if reports:
                 self.transport.report_clients(reports, now)
-        self._log_changes(now)
+        self.changes.log(now, self.transport.stats.rejected, self.members.status(now), self.table)
         self.ticks += 1
 
     def _step(self, run: ClassRun, now: float, counters: Counters, flows: list, kernel_now: int) -> Outgoing:
@@ -594,7 +404,7 @@ class Agent:
         cfg = self.cfg
         local = run.estimator.update(now, counters, flows, kernel_now)
         limit = self.book.get(run.name)
-        safe_Bps = self._safe_rate(run, limit)
+        safe_Bps = safe_rate(run.conf, limit, self.members.n_nodes)
         view = self.members.view(run.conf.key, now, safe_Bps)
         snap = Snapshot(now, cfg.node_id, cfg.interval_s, limit.global_Bps, local, view, tuple(run.inbox))
         run.inbox = []
@@ -605,28 +415,13 @@ class Agent:
             run.statefile.save(run.state)   # before the outbox: a restored node sent nothing it forgot
         for env in step.outbox:
             self.transport.send(env, run.conf.key, now)
-        self._count_drops(run, counters)
+        self.drops.count(run, counters)
         run.last = (snap, step, counters)
         d = step.decision
-        may_pass = _local_limit(d, local)
+        may_pass = local_limit(d, local)
         if d.mode == Mode.BUCKET:       # a bucket never refills slower than the slow-start floor
             may_pass = max(may_pass, SLOW_START_Bps)
         return Outgoing(d.publish, limit.version, local.demand_Bps > 0, may_pass)
-
-    def _tally(self, run: ClassRun) -> DropTally:
-        owner, tally = self._drops.get(run.name, (None, None))
-        if owner is not run:         # a new class, or one removed and added again: a fresh tally
-            tally = DropTally()
-            self._drops[run.name] = (run, tally)
-        return tally
-
-    def _count_drops(self, run: ClassRun, counters: Counters) -> None:
-        """The drops since the last tick, under the reason of the decision then in force."""
-        if run.last is not None and run.last[2].dropped_packets == counters.dropped_packets:
-            return          # most ticks drop nothing new (the tally has seen last tick's counters)
-        tally = self._tally(run)
-        if (counters.dropped_bytes, counters.dropped_packets) != tally.seen:
-            tally.add(counters.dropped_bytes, counters.dropped_packets, drop_reason(run.last and run.last[1].decision))
 
     def _enforce(self, run: ClassRun, d: Decision, safe_Bps: float) -> None:
         # shape mode queues a bucket's rate in HTB (agent/kernel/shaper.py); shadow wins (nothing is
@@ -647,148 +442,3 @@ class Agent:
                           drop_probability=d.drop_probability, safe_rate_Bps=safe_Bps,
                           timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes, shadow=run.conf.shadow,
                           shape_prio=prio)
-
-    def _safe_rate(self, run: ClassRun, limit: Limit) -> float:
-        return run.conf.safe_Bps if run.conf.safe_Bps is not None else limit.global_Bps / self.members.n_nodes
-
-    def _log_changes(self, now: float) -> None:
-        """One line per peer that turned alive or stale, per class whose mode or warning changed,
-        and per reason datagrams were rejected for (at most once a minute each)."""
-        self._log_rejects(now)
-        facts = {f"peer {p['node_id']} ({p['address']})": p["state"] for p in self.members.status(now)}
-        for what, value in facts.items():
-            if what in self._facts and self._facts[what] != value:
-                log.info("change", what=what, now=value)
-        self._facts = facts
-        for run in self.table:
-            d = run.last[1].decision
-            said = (d.mode, d.info.get("warning"))
-            if said != run.said and run.said is not None:     # the common case, once per class: equal
-                for what, before, now_ in zip(("mode", "warning"), run.said, said):
-                    if before != now_:
-                        log.info("change", class_=run.name, what=what,
-                                 now=now_.name.lower() if what == "mode" else now_)
-            run.said = said
-
-    def _log_rejects(self, now: float) -> None:
-        """A peer with another key shows only as stale otherwise: its datagrams fail the MAC."""
-        for reason, n in self.transport.stats.rejected.items():
-            said, at = self._rejects_said.get(reason, (0, -math.inf))
-            if n > said and now - at >= REJECTS_EVERY_S:
-                log.warning("gossip_rejected", reason=reason, datagrams=n - said, hint=REJECT_HINTS.get(reason))
-                self._rejects_said[reason] = (n, now)
-
-    # -- status -----------------------------------------------------------------------------
-
-    def status(self) -> dict:
-        """drlctl status --json: the agent, each class under ``classes``, and at the top
-        level the first class (``default`` when there is one) as before classes existed."""
-        now = time.monotonic()
-        cfg = self.cfg
-        classes = [self._class_status(run) for run in self.table]
-        first = next((c for c in classes if c["name"] == "default"), classes[0])
-        out = {"node_id": cfg.node_id, "interface": cfg.iface, "interval_s": cfg.interval_s,
-               "uptime_s": now - self.started, "ticks": self.ticks, "listen": _listen(self.transport.address),
-               "standalone": cfg.standalone, "authenticated": cfg.key is not None,
-               "gossip": {**self.transport.stats.as_dict(now), "client_entries_ignored": self.clients.ignored},
-               "peers": self.members.status(now),
-               "datapath": dict(self.dp.attachment), "tick": self.tick_stats.as_dict(),
-               "registry": self._registry_status(now)}
-        out.update({k: v for k, v in first.items() if k != "name"})
-        out["classes"] = classes
-        return out
-
-    def _registry_status(self, now: float) -> dict | None:
-        if self.registry is None:
-            return None
-        view, reg = self.registry.view(), self.cfg.registry
-        return {"endpoints": [f"etcd://{format_addr(e)}" for e in reg.endpoints], "cluster": reg.cluster,
-                "state": "reachable" if view.reachable else "unreachable", "error": view.error or None,
-                "for_s": now - view.since, "members": sorted(view.members), "classes": sorted(view.classes),
-                "classes_refused": self._classes_refused, "bad_keys": list(view.bad_keys)}
-
-    def _class_status(self, run: ClassRun) -> dict:
-        limit = self.book.get(run.name)
-        if run.last is None:      # before its first tick: the 1/N share ClassTable.apply wrote
-            snap, c, local = None, Counters(), Local(0.0)
-            d = Decision(Mode.BUCKET, limit.global_Bps / self.members.n_nodes)
-        else:
-            snap, step, c = run.last
-            d, local = step.decision, snap.local
-        return {
-            "name": run.name, "allocator": run.conf.allocator.name,
-            "global_limit_bps": to_bps(limit.global_Bps), "limit_version": limit.version,
-            "effective_limit_bps": to_bps(effective_limit(snap) if snap else limit.global_Bps),
-            "local_limit_bps": to_bps(_local_limit(d, local)), "safe_rate_bps": to_bps(self._safe_rate(run, limit)),
-            "mode": d.mode.name.lower(), "shadow": run.conf.shadow, "enforce": run.conf.enforce,
-            "shaped": run.class_id in self.shaper.rates,     # enforce shape, and its HTB class holds
-            "drop_probability": d.drop_probability,
-            "demand_bps": to_bps(local.demand_Bps), "rate_bps": to_bps(local.sent_Bps),
-            "flows": len(local.flow_rates_Bps), "max_flow_bps": to_bps(max(local.flow_rates_Bps, default=0.0)),
-            "passed_bytes": c.passed_bytes, "passed_packets": c.passed_packets,
-            "dropped_bytes": c.dropped_bytes, "dropped_packets": c.dropped_packets,
-            **self._drops_by_reason(run, c),
-            "throttled_bytes": c.throttled_bytes, "throttled_packets": c.throttled_packets,
-            "banned_bytes": c.banned_bytes, "banned_packets": c.banned_packets,
-            "clients": self._client_summary(run),
-            "quota_bytes_left": d.quota_bytes, "gossip_lost": self.members.class_lost[run.conf.key],
-            "allocator_state": _allocator_state(d.info)}
-
-    def _client_summary(self, run: ClassRun) -> dict | None:
-        """The class's client rule and its clients tracked, throttled and banned; None without one."""
-        cr = self.clients.get(run.name)
-        if cr is None:
-            return None
-        return {"key": str(cr.rule.key), "measure": cr.rule.measure, "threshold": str(cr.rule.threshold),
-                "action": cr.rule.action, **cr.table.summary(time.monotonic())}
-
-    def _drops_by_reason(self, run: ClassRun, c: Counters) -> dict:
-        """The class's drops by policy reason (DropTally), and with a client rule its
-        throttled and banned packets, which the datapath counts apart."""
-        tally = self._tally(run)
-        by_bytes, by_packets = dict(tally.bytes), dict(tally.packets)
-        if run.conf.client is not None:
-            by_bytes.update(zip(CLIENT_DROP_REASONS, (c.throttled_bytes, c.banned_bytes)))
-            by_packets.update(zip(CLIENT_DROP_REASONS, (c.throttled_packets, c.banned_packets)))
-        return {"dropped_bytes_by_reason": by_bytes, "dropped_packets_by_reason": by_packets}
-
-
-def _slack_s(cfg: Config, n_peers: int) -> float:
-    """A peer's last config write is at most two gossip cycles (and a tick) after the last
-    datagram we had from it: the slack of the stale rule (Membership.may_still_pass)."""
-    return (2 * cycle_rounds(n_peers, cfg.branching) + 1) * cfg.interval_s
-
-
-def _local_limit(d: Decision, local: Local) -> float:
-    """What this host may send now: the bucket rate, or for random drop what survives it."""
-    if d.mode == Mode.BUCKET:
-        return d.limit_Bps
-    if d.mode == Mode.DROP:
-        return local.demand_Bps * (1.0 - d.drop_probability)
-    return local.demand_Bps
-
-
-def _listen(address) -> str | None:
-    return None if address is None else "%s:%d" % address[:2]
-
-
-def _allocator_state(info: Any) -> Any:
-    """Decision.info as drlctl shows it: JSON values, and rates in bits/s like the rest of
-    the status.  Allocators keep bytes/s (``*_Bps``); each such key, nested ones too,
-    becomes ``*_bps`` with 8x the value."""
-    return json.loads(json.dumps(info, default=_jsonable), object_hook=_in_bits)
-
-
-def _jsonable(value: Any) -> Any:
-    """What json cannot encode itself: a read-only mapping (Decision's default info) as a
-    dict, anything else as its str."""
-    return dict(value) if isinstance(value, Mapping) else str(value)
-
-
-def _in_bits(d: dict) -> dict:
-    out = {}
-    for key, value in d.items():
-        if key.endswith("_Bps"):
-            key, value = key.removesuffix("_Bps") + "_bps", None if value is None else to_bps(value)
-        out[key] = value
-    return out

@@ -10,6 +10,7 @@ import pytest
 
 from drl.agent.config.build import class_key
 from drl.agent.service.daemon import CLUSTER, Agent
+from drl.agent.service.rates import safe_rate
 from drl.agent.kernel.datapath import DatapathError
 from drl.agent.gossip.core import GossipCore, Outgoing, PeerList
 from drl.agent.model import Mode
@@ -264,7 +265,8 @@ def test_a_live_set_is_announced_to_every_peer_and_persisted(tmp_path):
         notes = [n for _, data in a.transport.sent for n in decode(data, None, CLUSTER).payload.limits]
         assert LimitNote(class_key("B"), 1, 750_000.0) in notes
         assert not a.set_limit({"class": "Z", "global": "1mbit"})["ok"]
-        assert a._unban({"prefix": "10.0.0.9", "class": "Z"})["error"] == "no class 'Z' (see drlctl classes)"
+        unban = a.commands()["unban"]
+        assert unban({"prefix": "10.0.0.9", "class": "Z"})["error"] == "no class 'Z' (see drlctl classes)"
         assert "unit" in a.set_limit({"class": "B", "global": "6"})["error"]
     again, _ = file_agent(tmp_path, TWO, FakeDatapath())
     with again:
@@ -350,7 +352,7 @@ def test_members_classes_and_limits_follow_a_real_etcd(tmp_path):
         dp = FakeDatapath()
         with agent(cfg, dp) as a:
             follow(a, lambda: a.members.n_nodes == 2)                   # b registered: N = 2
-            assert a._safe_rate(a.table.get("default"), a.book.get("default")) == 10e6 / 8 / 2
+            assert safe_rate(a.table.get("default").conf, a.book.get("default"), a.members.n_nodes) == 10e6 / 8 / 2
             import_classes(cfg.registry, [{"name": "gold", "global": "20mbit", "match": ["dst=10.9.0.0/16"]}])
             follow(a, lambda: a.table.get("gold") is not None)          # a class that only etcd has
             assert a.book.get("gold").global_Bps == 20e6 / 8

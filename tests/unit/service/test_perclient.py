@@ -202,11 +202,12 @@ def test_the_agent_answers_drlctl_clients_and_unban_and_refuses_bad_requests(tmp
         assert HEAVY in dp.bans[CLASS_ID]
         st = a.status()
         assert st["clients"]["banned"] == 1 and st["clients"]["action"] == "ban"
-        listing = a._clients({"class": "default", "limit": 5})
+        clients, unban = a.commands()["clients"], a.commands()["unban"]     # the control socket's handlers
+        listing = clients({"class": "default", "limit": 5})
         assert listing["ok"] and listing["classes"][0]["clients"][0]["state"] == "banned"
-        assert not a._clients({"class": "nope"})["ok"]
-        assert "limit" in a._clients({"limit": [1]})["error"]
-        assert "not an address" in a._unban({"prefix": "nowhere"})["error"]
-        assert a._unban({"prefix": "198.51.100.0/24"})["lifted"] == [{"class": "default", "client": "198.51.100.7/32"}]
+        assert not clients({"class": "nope"})["ok"]
+        assert "limit" in clients({"limit": [1]})["error"]
+        assert "not an address" in unban({"prefix": "nowhere"})["error"]
+        assert unban({"prefix": "198.51.100.0/24"})["lifted"] == [{"class": "default", "client": "198.51.100.7/32"}]
         assert HEAVY not in dp.bans[CLASS_ID]
-        assert a._unban({"prefix": "198.51.100.7"})["error"] == "no ban on 198.51.100.7/32"
+        assert unban({"prefix": "198.51.100.7"})["error"] == "no ban on 198.51.100.7/32"

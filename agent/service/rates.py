@@ -1,0 +1,32 @@
+"""What a host may send: the numbers the tick gossips and the status shows.
+
+    local_limit(decision, local)        # the bucket rate, or what survives random drop
+    safe_rate(conf, limit, n_nodes)     # the fail-safe rate the kernel falls back to
+    slack_s(cfg, n_peers)               # how long after its last datagram a peer may still write
+"""
+from __future__ import annotations
+
+from drl.agent.cluster.limits import Limit
+from drl.agent.config.build import ClassConf, Config
+from drl.agent.gossip.core import cycle_rounds
+from drl.agent.model import Decision, Local, Mode
+
+
+def local_limit(d: Decision, local: Local) -> float:
+    """What this host may send now: the bucket rate, or for random drop what survives it."""
+    if d.mode == Mode.BUCKET:
+        return d.limit_Bps
+    if d.mode == Mode.DROP:
+        return local.demand_Bps * (1.0 - d.drop_probability)
+    return local.demand_Bps
+
+
+def safe_rate(conf: ClassConf, limit: Limit, n_nodes: int) -> float:
+    """The class's safe rate as configured, or its 1/N share of the global limit."""
+    return conf.safe_Bps if conf.safe_Bps is not None else limit.global_Bps / n_nodes
+
+
+def slack_s(cfg: Config, n_peers: int) -> float:
+    """A peer's last config write is at most two gossip cycles (and a tick) after the last
+    datagram we had from it: the slack of the stale rule (Membership.may_still_pass)."""
+    return (2 * cycle_rounds(n_peers, cfg.branching) + 1) * cfg.interval_s
