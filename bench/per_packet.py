@@ -93,8 +93,10 @@ def load(iface: str, netns: str | None, overrides: dict | None = None, bpf_dir: 
 
 
 def checkout_before(rev: str, into: Path) -> Path:
-    """bpf/limiter.{c,h} as of ``rev``, in ``into``."""
-    for name in ("limiter.c", "limiter.h"):
+    """bpf/ as of ``rev`` (limiter.c and its headers), in ``into``."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", rev, "bpf/"],
+                            capture_output=True, text=True)
+    for name in [Path(path).name for path in listed.stdout.split()] or ["limiter.c"]:
         got = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:bpf/{name}"], capture_output=True, text=True)
         if got.returncode:
             raise LabError(f"--before {rev}: {got.stderr.strip().splitlines()[-1]}")

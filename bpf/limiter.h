@@ -1,6 +1,6 @@
-/* Structs and constants shared by bpf/limiter.c and agent/kernel/datapath.py.
+/* Structs shared by bpf/ and agent/kernel/ (Datapath's parts, agent/kernel/datapath.py).
  *
- * Python never re-declares these layouts: agent/kernel/datapath.py reads and writes
+ * Python never re-declares these layouts: agent/kernel/ reads and writes
  * every map through bcc's table.Key / table.Leaf types, which bcc builds from
  * the definitions below.  Keep them fixed-width with explicit padding so the
  * layout is the same on every compiler.
@@ -9,77 +9,14 @@
 
 #include <linux/types.h>
 
-/* Every constant below comes from agent/abi.py, the one source for both
- * sides: agent/kernel/datapath.py passes them as -D flags (abi.cflags()).  The
- * guards make a compile without them fail loudly instead of drifting. */
-#ifndef MAX_FLOWS
-#error "MAX_FLOWS comes from agent/abi.py"
-#endif
-#ifndef MAX_CLASSES
-#error "MAX_CLASSES comes from agent/abi.py"
-#endif
-#ifndef MAX_KEYS
-#error "MAX_KEYS comes from agent/abi.py"
-#endif
-#ifndef RULES_PER_KEY
-#error "RULES_PER_KEY comes from agent/abi.py"
-#endif
-#ifndef MAX_MARK_MASKS
-#error "MAX_MARK_MASKS comes from agent/abi.py"
-#endif
-#ifndef MAX_PREFIX_LENGTHS
-#error "MAX_PREFIX_LENGTHS comes from agent/abi.py"
-#endif
-#if !defined(MAX_CLIENTS) || !defined(MAX_CLIENT_LIMITS) || !defined(MAX_CLIENT_BANS) || !defined(MAX_CLIENT_EXEMPT) || \
-	!defined(MAX_CLIENT_HEAVY)
-#error "MAX_CLIENTS, MAX_CLIENT_LIMITS, MAX_CLIENT_BANS, MAX_CLIENT_EXEMPT, MAX_CLIENT_HEAVY come from agent/abi.py"
-#endif
-/* A class's client rule (class_config.client_*): the client's side, what its bucket
- * counts, and which per-client maps the class uses (agent/abi.py CLIENT_*, MEASURES). */
-#if !defined(CLIENT_DST) || !defined(CLIENT_SRC) || !defined(MEASURE_BYTES) || !defined(MEASURE_PACKETS) || \
-	!defined(MEASURE_CONNS)
-#error "CLIENT_DST, CLIENT_SRC, MEASURE_* come from agent/abi.py"
-#endif
-#if !defined(CLIENT_HAS_LIMITS) || !defined(CLIENT_HAS_BANS) || !defined(CLIENT_HAS_EXEMPT)
-#error "CLIENT_HAS_* come from agent/abi.py"
-#endif
-/* What a policed packet gets: TC_ACT_STOLEN by default, TC_ACT_SHOT on
- * request.  SHOT returns NET_XMIT_DROP to the local TCP stack, which enters
- * CWR on every drop; STOLEN looks like a loss on the wire.  Measured in
- * bench/README.md ("drop action"). */
-#ifndef DROP_ACTION
-#error "DROP_ACTION comes from agent/abi.py"
-#endif
-/* Probabilities are fixed point out of PROB_ONE = 2^32: a packet is chosen
- * when bpf_get_prandom_u32() < p, so p = PROB_ONE means always and 0 never.
- * UNLIMITED as safe_rate_Bps: no fail-safe limit. */
-#ifndef PROB_ONE
-#error "PROB_ONE comes from agent/abi.py"
-#endif
-#ifndef UNLIMITED
-#error "UNLIMITED comes from agent/abi.py"
-#endif
-/* Mode of a class (agent/model.py Mode): MODE_PASS counts only, MODE_BUCKET
- * is a token bucket at rate_Bps (GTB/FPS, [Raghavan07] §3.2),
- * MODE_DROP drops at random with drop_prob (GRD, same paper, Fig. 1). */
-#if !defined(MODE_PASS) || !defined(MODE_BUCKET) || !defined(MODE_DROP)
-#error "MODE_* come from agent/abi.py"
-#endif
-/* The bucket's fixed point (limiter.c take_tokens, agent/kernel/bucket.py), how
- * often flows visit the flow table (tally_flow, settle), the clock, the
- * memo, and the bench-only parts left out (bench/datapath.py; 0 in the agent). */
-#if !defined(NS_FRAC_BITS) || !defined(MAX_DEPTH_NS) || !defined(FLOW_VISIT_NS) || !defined(FLOW_MAX_GAP) || \
-	!defined(FLOW_EPOCH_SHIFT)
-#error "NS_FRAC_BITS, MAX_DEPTH_NS, FLOW_VISIT_NS, FLOW_MAX_GAP, FLOW_EPOCH_SHIFT come from agent/abi.py"
-#endif
-#if !defined(CLOCK_COARSE) || !defined(MEMO_BITS) || !defined(MEMO_CLASS) || !defined(MAX_CPUS) || !defined(BENCH_SKIP)
-#error "CLOCK_COARSE, MEMO_BITS, MEMO_CLASS, MAX_CPUS, BENCH_SKIP come from agent/abi.py"
-#endif
+/* The array lengths below (RULES_PER_KEY, MAX_MARK_MASKS, ...) come from agent/abi.py
+ * as -D flags, like every constant shared with Python (consts.h). */
+#include "consts.h"
 
 /* One rule of a classification entry (agent/kernel/classify.py places them).
- * Written by agent/kernel/datapath.py (_encode_rule) from agent/classes/spec.py ClassRule.
+ * Written by agent/kernel/rule_maps.py (_encode_rule) from agent/classes/spec.py ClassRule.
  * A field matches when (packet ^ value) & mask == 0: a zero mask matches
- * anything (limiter.c rule_matches says why masks, not "0 = any").
+ * anything (classify.h rule_matches says why masks, not "0 = any").
  * Addresses are in network byte order; an IPv4 address uses word 0 only. */
 struct rule {
 	__u32 src[4];
@@ -110,8 +47,8 @@ struct rule_list {
  * bits, where the family byte counts as the first 8 (as in an LPM trie key):
  * "any address" is prefixlen 0 (family 0 too), an IPv4 /24 is 8 + 24.  The
  * address is masked to the prefix, so a packet finds the entry of its
- * prefix of a given length by masking its own address (limiter.c net_key).
- * Written by agent/kernel/datapath.py (_encode_prefix). */
+ * prefix of a given length by masking its own address (classify.h net_key).
+ * Written by agent/kernel/rule_maps.py (_encode_prefix). */
 struct net_key {
 	__u32 prefixlen;
 	__u32 addr[4];      /* network byte order, as in rule; IPv4 uses word 0 */
@@ -126,7 +63,7 @@ struct mark_key {
 };
 
 /* settings[0]: run-time knobs that are not per class.  Written by
- * agent/kernel/datapath.py (set_rules, set_sample_probability, the constructor).
+ * agent/kernel/ (rule_maps.py set_rules, client_maps.py, datapath.py: the rest).
  * With abi.py's 4 masks and 8 lengths there is no padding.
  * An update of an array value is a copy in place, not atomic: a packet may
  * read some slots before it and some after.  So mark masks and prefix
@@ -134,13 +71,13 @@ struct mark_key {
  * read mid-update holds the old or the new value, each of them safe
  * (Datapath.set_rules says why). */
 struct settings {
-	/* What every packet reads (limiter.c exempt, classify_memo) first, in the
+	/* What every packet reads (classify.h exempt, classify_memo) first, in the
 	 * value's first cache line (the map is BPF_F_MMAPABLE: the value starts a page). */
-	__u32 rules_gen;                         /* moved on after every change of the rules; 0 = no memo (limiter.c classify_memo) */
+	__u32 rules_gen;                         /* moved on after every change of the rules; 0 = no memo (flows.h classify_memo) */
 	__u32 gossip_mark;                       /* the agent's own gossip: skb->mark == gossip_mark */
 	__u16 gossip_port;                       /*   and UDP from this port; 0 = nothing is exempt */
 	__u16 registry_port;                     /*   or TCP to this port (etcd); 0 = none */
-	__u32 client_gen;                        /* moved on by a new ban or throttled client; never 0 (limiter.c clients) */
+	__u32 client_gen;                        /* moved on by a new ban or throttled client; never 0 (clients.h clients) */
 	__u64 sample_prob;                       /* out of PROB_ONE: chance that a new flow enters the flow table (FPS) */
 	__u32 mark_masks[MAX_MARK_MASKS];        /* tried in order; 0 = free slot */
 	__u8  dst_lengths[MAX_PREFIX_LENGTHS];   /* net_key prefixlens in dst_nets, any order; > 8 + 128 = free */
@@ -148,9 +85,9 @@ struct settings {
 };
 
 /* config[class_id]: what the agent decided for a class.
- * Written only by agent/kernel/datapath.py (set_class); read by the program.
+ * Written only by agent/kernel/class_maps.py (set_class); read by the program.
  * A rate is also kept as time, worked out by agent/kernel/bucket.py (bucket_times)
- * so that a packet never divides (limiter.c take_tokens): *ns_per_byte is
+ * so that a packet never divides (police.h take_tokens): *ns_per_byte is
  * 1e9 / rate in 2^-NS_FRAC_BITS ns (0 = rate 0), *depth_ns the depth at that
  * price.  What a packet of a class without a client rule reads comes first,
  * in one cache line (the map is BPF_F_MMAPABLE, so its values start a page,
@@ -158,16 +95,16 @@ struct settings {
 struct class_config {
 	__u64 ns_per_byte;         /* the bucket's price */
 	__u64 depth_ns;
-	__u64 floor_ns_per_byte;   /* 0 = no floor (limiter.c policy_of) */
+	__u64 floor_ns_per_byte;   /* 0 = no floor (police.h policy_of) */
 	__u64 updated_ns;          /* bpf_ktime_get_ns() clock (CLOCK_MONOTONIC) at the agent's last write */
 	__u64 timeout_ns;          /* 0 = never; timeout_ns after the later of updated_ns and heartbeat[0]
-	                            * (the agent's last tick) the safe rate applies (limiter.c stale) */
+	                            * (the agent's last tick) the safe rate applies (police.h stale) */
 	__u64 drop_prob;           /* MODE_DROP, out of PROB_ONE */
 	__u32 mode;                /* MODE_* */
-	__u32 quota_seq;           /* 0 = no quota; agent/kernel/datapath.py bumps it on every new allowance */
-	__u32 shape_prio;          /* 0 = police; else the class's HTB handle, set as skb->priority (limiter.c shape) */
-	__u8  shadow;              /* 1 = a would-be drop is counted as dropped but passed (limiter.c refuse) */
-	/* The class's client rule (agent/clients/table.py ClientRule; limiter.c clients), written by
+	__u32 quota_seq;           /* 0 = no quota; agent/kernel/class_maps.py bumps it on every new allowance */
+	__u32 shape_prio;          /* 0 = police; else the class's HTB handle, set as skb->priority (police.h shape) */
+	__u8  shadow;              /* 1 = a would-be drop is counted as dropped but passed (police.h refuse) */
+	/* The class's client rule (agent/clients/table.py ClientRule; clients.h clients), written by
 	 * set_client_rule and kept by set_class.  client_side 0: no rule, the only field a
 	 * packet of the class then reads. */
 	__u8  client_side;         /* 0, CLIENT_DST or CLIENT_SRC: the address that is the client */
@@ -179,28 +116,28 @@ struct class_config {
 	__u64 safe_burst_bytes;
 	__u64 safe_ns_per_byte;
 	__u64 safe_depth_ns;
-	__u64 floor_rate_Bps;      /* a bucket never refills slower: FPS slow start (limiter.c policy_of) */
+	__u64 floor_rate_Bps;      /* a bucket never refills slower: FPS slow start (police.h policy_of) */
 	__u64 floor_depth_ns;
 	__u64 quota_bytes;         /* byte allowance, loaded when quota_seq changes */
 	__u8  client_measure;      /* MEASURE_*: the unit a client_limits bucket charges */
 	__u8  pad0[3];
 	__u32 client_mask4;        /* the client's prefix of an IPv4 address: addr & mask (network order) */
 	__u32 client_mask6[4];     /* the same for IPv6 */
-	__u64 client_window_ns;    /* the threshold's sliding window (limiter.c count_client) */
+	__u64 client_window_ns;    /* the threshold's sliding window (clients.h count_client) */
 	__u64 client_line;         /* a client whose count reaches it goes into client_heavy; in the measure's units */
 	__u64 pad1[2];
 };
 
-/* A token bucket as virtual time (limiter.c take_tokens), a class's or a client's. */
+/* A token bucket as virtual time (police.h take_tokens), a class's or a client's. */
 struct gcra {
 	__u64 tat;                 /* virtual time (GCRA): credit is now - tat ns at ns_per_byte, < 0 = debt */
 	__u64 ns_per_byte;         /* the price tat was last charged at (per byte, or per unit of a client
-	                            * rule's measure); 0 = fresh (limiter.c rescale) */
+	                            * rule's measure); 0 = fresh (police.h rescale) */
 };
 
 /* buckets[class_id]: bucket and quota state, written by the program (two
  * CPUs may police the same class at once: tat with atomics, the quota under
- * the lock).  agent/kernel/datapath.py reads quota_left (read_quota) and writes
+ * the lock).  agent/kernel/class_maps.py reads quota_left (read_quota) and writes
  * tat = now in reset_class (an empty bucket). */
 struct bucket {
 	struct bpf_spin_lock lock; /* quota only */
@@ -211,21 +148,21 @@ struct bucket {
 };
 
 /* counters[class_id] (per CPU) and bypass_counters[0] (per CPU; unmatched or exempt
- * packets, dropped_* stay 0).  Written by the program; agent/kernel/datapath.py
+ * packets, dropped_* stay 0).  Written by the program; agent/kernel/class_maps.py
  * sums the CPUs (read_counters, read_bypass).  Bytes are what the limit
- * counts: see wire_bytes() in limiter.c. */
+ * counts: see wire_bytes() in count.h. */
 struct counters {
 	__u64 passed_bytes;
 	__u64 passed_packets;
 	__u64 dropped_bytes;
 	__u64 dropped_packets;
-	/* The program's own (limiter.c visit_every): this CPU's packets of the class
+	/* The program's own (flows.h visit_every): this CPU's packets of the class
 	 * per FLOW_VISIT_NS, which a tally must reach to visit the flow table whole. */
 	__u32 flow_every;          /* 0 = not measured yet */
 	__u32 pad0;
 	__u64 flow_mark_ns;        /* start of the window the packet rate is measured over */
 	__u64 flow_mark_packets;   /* passed + dropped packets at flow_mark_ns */
-	/* Refused by the class's client rule (limiter.c refuse_client), neither passed nor
+	/* Refused by the class's client rule (clients.h refuse_client), neither passed nor
 	 * dropped: last, off the cache line every packet of the class touches. */
 	__u64 throttled_bytes;     /* over a client_limits bucket (egress) */
 	__u64 throttled_packets;
@@ -234,7 +171,7 @@ struct counters {
 };
 
 /* clock_cache[0] (per CPU): the coarse clock as of the jiffy it was read in
- * (limiter.c clock_ns); the program's own, nobody else reads it. */
+ * (clock.h clock_ns); the program's own, nobody else reads it. */
 struct clock_cache {
 	__u64 jiffies;
 	__u64 ns;
@@ -252,9 +189,9 @@ struct flow_key {
 };
 
 /* memos[cpu << MEMO_BITS | slot]: what a CPU keeps of the last flow whose
- * packets took the slot (limiter.c memo_of): its class as classify found it
- * while settings.rules_gen was gen (limiter.c classify_memo), and the tally of
- * its passed bytes not yet in the flow table (limiter.c tally_flow).  The
+ * packets took the slot (flows.h memo_of): its class as classify found it
+ * while settings.rules_gen was gen (flows.h classify_memo), and the tally of
+ * its passed bytes not yet in the flow table (flows.h tally_flow).  The
  * program's own.  One cache line: the map is BPF_F_MMAPABLE, so its values
  * start a page (a per-CPU array's may start anywhere, and a slot took two). */
 struct flow_memo {
@@ -269,8 +206,8 @@ struct flow_memo {
 };
 
 /* flows: value.  Created by the program for a sampled new flow, updated on
- * a later visit (limiter.c visit), started over when the rules move the
- * flow to another class, and copied to flows_visited then; agent/kernel/datapath.py
+ * a later visit (flows.h visit), started over when the rules move the
+ * flow to another class, and copied to flows_visited then; agent/kernel/flows.py
  * reads both (read_flows).  bytes/packets count what passed the limiter. */
 struct flow_stats {
 	__u64 bytes;
@@ -282,8 +219,8 @@ struct flow_stats {
 };
 
 /* Key of every per-client map but client_exempt: a client of a class, its address cut to
- * the class's prefix (class_config.client_mask*).  Written by agent/kernel/datapath.py
- * (_client_key) and the program (limiter.c client_of); read_heavy decodes it. */
+ * the class's prefix (class_config.client_mask*).  Written by agent/kernel/client_maps.py
+ * (_client_key) and the program (clients.h client_of); read_heavy decodes it. */
 struct client_key {
 	__u32 class_id;
 	__u8  family;              /* 4 or 6 */
@@ -303,24 +240,24 @@ struct client_window {
 	__u64 cur;
 	__u64 flagged;             /* index + 1 of the window it went into client_heavy in; 0 = never */
 	__u32 clear_gen;           /* the program's: settings.client_gen in which the client was found
-	                            * neither banned nor throttled; 0 = not (limiter.c clients) */
+	                            * neither banned nor throttled; 0 = not (clients.h clients) */
 	__u32 pad0;
 };
 
 /* client_limits: a throttled client's bucket.  The prices and depths are written by
- * agent/kernel/datapath.py set_client_limits (agent/kernel/bucket.py unit_times, per unit of the
+ * agent/kernel/client_maps.py set_client_limits (agent/kernel/bucket.py unit_times, per unit of the
  * class's client_measure); gcra is the program's, set empty (tat = now) on a new entry. */
 struct client_bucket {
 	struct gcra gcra;
 	__u64 ns_per_unit;         /* the client's share of the threshold as a price; 0 = rate 0 */
 	__u64 depth_ns;
-	__u64 safe_ns_per_unit;    /* when the class's config is stale (limiter.c stale): T/N */
+	__u64 safe_ns_per_unit;    /* when the class's config is stale (police.h stale): T/N */
 	__u64 safe_depth_ns;
 };
 
 /* client_exempt: an LPM trie of exempt prefixes per class.  The data compared is class_id,
  * family, then the address, so prefixlen is 64 + the prefix's length.  Written by
- * agent/kernel/datapath.py set_client_rule; the value is unused (1). */
+ * agent/kernel/client_maps.py set_client_rule; the value is unused (1). */
 struct exempt_key {
 	__u32 prefixlen;
 	__u32 class_id;

@@ -1,4 +1,4 @@
-"""A class's token bucket as bpf/limiter.c keeps it: virtual time, in integers.
+"""A class's token bucket as bpf/police.h keeps it: virtual time, in integers.
 
 The program never divides on a packet: the agent turns a rate and a depth
 into time once per write (``Datapath.set_class``)::
@@ -39,7 +39,7 @@ def ns_per_byte(rate_Bps: float) -> int:
 
 
 def cost_ns(length: int, per_byte: int) -> int:
-    """What limiter.c charges a packet of ``length`` bytes (cost_ns there), rounded up."""
+    """What police.h charges a packet of ``length`` bytes (cost_ns there), rounded up."""
     return (length * per_byte + (1 << abi.NS_FRAC_BITS) - 1) >> abi.NS_FRAC_BITS
 
 

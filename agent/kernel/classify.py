@@ -1,6 +1,6 @@
 """Compile class rules into the datapath's classification maps: pure Python, no bcc, no root.
 
-The datapath (bpf/limiter.c classify) finds a packet's class in at most
+The datapath (bpf/classify.h classify) finds a packet's class in at most
 MAX_MARK_MASKS + 2 x MAX_PREFIX_LENGTHS hash lookups, whatever the number of
 classes (one per mask and per prefix length in use):
 

@@ -108,7 +108,8 @@ from drl.agent.kernel.bucket import bucket_times, unit_times
 from drl.agent.classes.spec import ClassRule
 from drl.agent.clients.table import Client, ClientRule, sliding_count
 from drl.agent.kernel.classify import EMPTY, ClassifyError, Compiled, Prefix, compile_rules, key_prefixlen
-from drl.agent.kernel import rtnetlink
+from drl.agent.kernel import loader, rtnetlink
+from drl.agent.kernel.maps import DatapathError
 from drl.agent.kernel.rtnetlink import (NLM_F_DUMP as _NLM_F_DUMP, TCA_BPF_ID as _TCA_BPF_ID, TCA_KIND as _TCA_KIND,
                                  TCA_OPTIONS as _TCA_OPTIONS, TCMSG as _TCMSG, attrs as _attrs)
 
@@ -118,7 +119,7 @@ try:
 except ImportError:  # reported by Datapath() as a DatapathError
     BPF = lib = None
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+BPF_DIR = loader.BPF_DIR   # bench/per_packet.py points it at another revision's bpf/
 FILTER_PRIO = 0xD1       # our filter's identity at clsact egress: prio + handle + name
 FILTER_HANDLE = 0xD1
 FILTER_NAME = "drl_egress"
@@ -151,10 +152,6 @@ BATCH_READ_ENTRIES = 8
 # NamedTuple's own __new__, a Python function that costs as much again
 _new_tuple = tuple.__new__
 log = logs.get_logger("drl.agent")
-
-
-class DatapathError(RuntimeError):
-    """The datapath cannot be set up or used; the message is one line."""
 
 
 # Counters, FlowKey and FlowSample are NamedTuples: immutable like the frozen dataclasses, at
@@ -916,21 +913,7 @@ def _open_link(iface: str, netns: str | None) -> tuple[IPRoute, socket.socket, i
 
 
 def _compile(max_flows: int, max_classes: int, max_clients: int, drop_action: int):
-    for name, value in (("max_flows", max_flows), ("max_classes", max_classes), ("max_clients", max_clients)):
-        if not 1 <= value <= 1 << 24:
-            raise DatapathError(f"{name} {value} is not in 1..{1 << 24}")
-    cflags = [f"-I{BPF_DIR}", *abi.cflags(MAX_FLOWS=max_flows, MAX_CLASSES=max_classes, MAX_CLIENTS=max_clients,
-                                          DROP_ACTION=drop_action)]
-    try:
-        # bcc looks for "limiter.h" in the working directory before -I: compile from bpf/, so a
-        # stray limiter.h where the agent was started is never the one compiled.  (The whole
-        # process's directory, for the compile: the agent's other threads use absolute paths.)
-        with contextlib.chdir(BPF_DIR):
-            return BPF(src_file=str(BPF_DIR / "limiter.c").encode(), cflags=cflags)
-    except Exception as e:  # bcc raises bare Exception; clang's messages went to stderr
-        headers = f"/lib/modules/{os.uname().release}/build"
-        raise DatapathError(f"cannot compile {BPF_DIR / 'limiter.c'} ({str(e).splitlines()[0]}); "
-                            f"kernel headers tried: {headers}") from None
+    return loader.compile_program(max_flows, max_classes, max_clients, drop_action, BPF_DIR)
 
 
 def _lookup_batch(table, keys, values, limit: int, delete: bool = False) -> int:

@@ -9,7 +9,7 @@
 In shape mode (``enforce = "shape"``, docs/config.md "Shaping mode") the BPF
 program still classifies, counts and tallies a class's packets, but instead
 of policing them it sets ``skb->priority`` to the class's HTB handle
-(:func:`handle`) and passes them (bpf/limiter.c ``shape``).  HTB reads the
+(:func:`handle`) and passes them (bpf/police.h ``shape``).  HTB reads the
 priority before any filter: a priority whose major is the HTB's handle and
 that names one of its leaf classes is that class (sch_htb.c htb_classify);
 our clsact egress filter runs in __dev_queue_xmit before the root qdisc's

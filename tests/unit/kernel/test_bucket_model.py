@@ -1,4 +1,4 @@
-"""bpf/limiter.c's lock-free bucket (take_tokens, rescale) modelled in Python with the C's
+"""bpf/police.h's lock-free bucket (take_tokens, rescale) modelled in Python with the C's
 integer math, against a reference token bucket in exact fractions, on random traces.
 
 The model is a line-by-line copy of the C (u64 wrap-around, signed differences, the
@@ -35,7 +35,7 @@ def convert_ns(ns: int, frm: int, to: int, cap_ns: int) -> int:
 
 
 class Bucket:
-    """limiter.c struct bucket with take_tokens and rescale, one CPU at a time."""
+    """limiter.h struct bucket with police.h take_tokens and rescale, one CPU at a time."""
 
     def __init__(self, tat: int = 0) -> None:
         self.tat, self.seen = tat, 0
