@@ -21,6 +21,9 @@ APT_PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-pip iproute2 iperf3 eth
 # systemd: systemd-analyze verify of systemd/*.service; util-linux: setpriv and unshare, which
 # run the agent as the unit does (tests/kernel/test_service.py)
 APT_PKGS+=(systemd util-linux)
+# systemd-container (systemd-nspawn) and debootstrap: a bookworm booted with systemd as PID 1,
+# where tests/kernel/test_systemd.py runs the units for real (lab/nspawn.py)
+APT_PKGS+=(systemd-container debootstrap)
 # iputils-ping: the RTT through the lab's delay line (tests/kernel/test_delay_line.py, docs/lab.md)
 APT_PKGS+=(iputils-ping)
 # apache2-utils (ab) and nginx-light: the shaping benchmark (bench/datapath.py --part shape)
