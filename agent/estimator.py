@@ -32,7 +32,7 @@ from itertools import compress, repeat
 from operator import attrgetter, is_, is_not, mul
 from typing import Iterable, Protocol
 
-from drl.agent.model import Local, ewma as smooth
+from drl.agent.model import Local, ewma as smooth, snap_zero
 
 # A flow whose last packet is older than this many intervals, and at least
 # IDLE_MIN_S, has ended: it no longer stands for demand.  The floor keeps a TCP
@@ -97,15 +97,16 @@ class Estimator:
         kept = self.ewma ** dt          # kept_share(ewma, dt) inlined (dt > 0 here): a tick updates every class
         passed = counters.passed_bytes - self._last_passed
         arrived_now = arrived - self._last_arrived
-        self._demand = smooth(self._demand, arrived_now / dt, kept)
-        self._sent = sent = smooth(self._sent, passed / dt, kept)
+        # snapped: an idle class decays to exactly 0, not to denormals (model.ZERO_BELOW)
+        self._demand = snap_zero(smooth(self._demand, arrived_now / dt, kept))
+        self._sent = sent = snap_zero(smooth(self._sent, passed / dt, kept))
         new_flows = self._update_flows(flows if isinstance(flows, list) else list(flows), dt, passed, now_ns)
         self._last_s, self._last_arrived, self._last_passed = now_s, arrived, counters.passed_bytes
         shares = self._shares
         if now_ns is not None:
             shares = compress(shares, map((now_ns - _idle_ns(dt)).__le__, self._last_ns))
         # active flows with a share, in the flow table's order: sorting them cost 1-2 ms a tick at 20,000
-        rates = [share * sent for share in shares if share]
+        rates = [share * sent for share in shares if share] if sent else []
         # positional: a NamedTuple made with keywords costs twice as much (model.py)
         refused = (arrived_now - passed) / arrived_now if arrived_now > 0 else 0.0
         return Local(self._demand, sent, tuple(rates), new_flows, counters.passed_bytes, refused)

@@ -24,6 +24,21 @@ from drl.agent import abi
 SLOW_START_Bps = 10 * 1514
 
 
+# A value that decays (an EWMA'd rate in B/s, an FPS weight in flows) reaches exactly 0 below
+# this magnitude instead of passing through denormals (1e-49 after 45 s of 0.1-per-second
+# decay, 4e-323 later).  The wire carries values as float32, whose smallest normal is 1.2e-38,
+# so without the snap a node kept a tiny weight of its own while its peers read it as exactly
+# 0, and FPS line 10 gave each idle node the whole limit.  Far above float32's range, so every
+# value it leaves non-zero reaches the peers non-zero; far below anything that matters (a
+# millionth of a byte per second, of a flow).
+ZERO_BELOW = 1e-6
+
+
+def snap_zero(value: float) -> float:
+    """``value``, or exactly 0.0 when its magnitude is below :data:`ZERO_BELOW`."""
+    return value if value >= ZERO_BELOW or value <= -ZERO_BELOW else 0.0
+
+
 # The values a tick makes for every class (thousands a tick) are NamedTuples: as immutable
 # as a frozen dataclass, and a third of its cost to make (bench/agent_cost.py).  The hot
 # paths make them positionally: with keywords a NamedTuple's __new__ takes a dict, twice the

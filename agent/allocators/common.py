@@ -8,6 +8,8 @@
     ...                                    PeerState("c", 2e6, alive=False, age_s=9.0)])
     >>> view.remote_sum, view.n_alive, view.n_stale
     (3000000.0, 1, 1)
+    >>> idle_split(demand_Bps=0.0, others=0.0, limit_Bps=3e6, n_sharing=3)    # an idle cluster
+    1000000.0
 
 Parameters are checked when an allocator is built (``check_range``); a bad one
 raises :class:`ParameterError`, whose message is one line a CLI can print as is.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from drl.agent.model import Decision, Mode, PeerState, PeerView, Snapshot, Step
+from drl.agent.model import SLOW_START_Bps, Decision, Mode, PeerState, PeerView, Snapshot, Step
 
 
 class ParameterError(ValueError):
@@ -44,6 +46,23 @@ def peer_view(members: Iterable[str], peers: Iterable[PeerState]) -> PeerView:
     alive = [peer for peer in by_id.values() if peer.alive]
     return PeerView(members=tuple(sorted(members)), peers=by_id,
                     remote_sum=sum(peer.value for peer in alive), n_alive=len(alive))
+
+
+def idle_split(demand_Bps: float, others: float, limit_Bps: float, n_sharing: int) -> float | None:
+    """The static split ``limit_Bps / n_sharing`` for a node with (next to) no demand whose
+    peers report nothing (``others``, their weights or rates, <= 0); None otherwise.
+
+    An allocator that gives a node "the limit less what the others report" (GTB) or "its
+    weight over all weights" (FPS line 10) hands every node of an idle cluster the whole
+    limit, and when traffic comes back on all of them at once they pass N times it until
+    the next reports arrive.  An idle cluster holds the static split instead, which adds up
+    to the limit.  "Next to no demand": below the datapath's slow-start floor (what passes
+    at a zero limit anyway) and below the split itself.
+    """
+    split = limit_Bps / max(1, n_sharing)
+    if others <= 0.0 and demand_Bps < min(SLOW_START_Bps, split):
+        return split
+    return None
 
 
 def drop_probability(demand_Bps: float, limit_Bps: float) -> float:

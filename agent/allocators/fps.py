@@ -91,6 +91,11 @@ Choices where the paper leaves room, each explained at its code:
   demand (at most L/N) and it publishes the line-9 weight for that demand,
   unsmoothed, so the peers make room.  The datapath's zero-rate burst lets the
   first packets through.  Only then do local limits sum to more than L.
+* Idle: the paper does not say what a node with no demand holds.  Line 10 gives a
+  node with any weight at all, next to peers with none, the whole limit, and the
+  weights of an idle cluster decay towards 0 together; so an idle node whose
+  peers have no weight holds L/N (common.idle_split) and weights reach exactly 0
+  (model.snap_zero), and an idle cluster holds the static split.
 * Stale peers follow §5.6 through the view: their weights count as zero
   (``view.remote_sum``) and L shrinks by 1/N each (``effective_limit``).
 
@@ -103,8 +108,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from drl.agent.model import SLOW_START_Bps, Decision, Mode, Snapshot, Step, effective_limit, ewma
-from .common import check_range, kept_share
+from drl.agent.model import SLOW_START_Bps, Decision, Mode, Snapshot, Step, effective_limit, ewma, snap_zero
+from .common import check_range, idle_split, kept_share
 
 UNBOTTLENECKED = "unbottlenecked"
 BOTTLENECKED = "bottlenecked"
@@ -191,10 +196,13 @@ class FlowProportionalShare:
         limit_Bps = effective_limit(snap)                    # §5.6: L less 1/N per stale peer
         remote = max(0.0, snap.view.remote_sum)              # line 8 (stale peers count 0)
         n_sharing = 1 + snap.view.n_alive
-        # Line 10 on the weights everyone has seen (own as published last tick).
-        share_Bps = proportional_share(state.weight or 0.0, remote, limit_Bps, n_sharing)
-        current = share_Bps if state.limit_Bps is None else state.limit_Bps
         demand = snap.local.demand_Bps                       # line 3
+        # Line 10 on the weights everyone has seen (own as published last tick); an idle
+        # node whose peers have no weight holds L/N, not all of L (common.idle_split).
+        share_Bps = idle = idle_split(demand, remote, limit_Bps, n_sharing)
+        if idle is None:
+            share_Bps = proportional_share(state.weight or 0.0, remote, limit_Bps, n_sharing)
+        current = share_Bps if state.limit_Bps is None else state.limit_Bps
         hold = self._hold(state.hold, snap)
         held = snap.now < hold.until and demand >= self.hold_rate_share * hold.sent_Bps
 
@@ -203,17 +211,17 @@ class FlowProportionalShare:
             regime = SLOW_START
             local_Bps = min(demand, limit_Bps / n_sharing)
             ideal = bottlenecked_weight(local_Bps, remote, limit_Bps)
-            weight = ideal                                   # nothing to smooth it with
+            weight = snap_zero(ideal)                        # nothing to smooth it with
         else:
             regime, ideal = self._estimate(demand, current, snap, limit_Bps, remote, held)
             keep = kept_share(self.ewma, self._elapsed(state, snap))
-            weight = ewma(state.weight, ideal, keep)
+            weight = snap_zero(ewma(state.weight, ideal, keep))   # decays to exactly 0 (model.ZERO_BELOW)
             local_Bps = share_Bps
 
         # mode, limit, drop probability, publish (line 11), quota, info: positional (model.py)
         decision = Decision(Mode.BUCKET, local_Bps, 0.0, weight, None,
                             {"regime": regime, "weight": weight, "ideal_weight": ideal,
-                             "remote_weights": remote, "share_Bps": share_Bps})
+                             "remote_weights": remote, "share_Bps": share_Bps, "idle_split": idle is not None})
         return Step(FpsState(weight, local_Bps, snap.now, hold), decision)
 
     def _hold(self, hold: Hold, snap: Snapshot) -> Hold:

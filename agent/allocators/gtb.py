@@ -11,6 +11,12 @@ expressed as that rate: refill at L, drain at the others' reported rates, i.e.
 
     local limit = max(0, global - sum of every peer's last reported arrival rate)
 
+An idle node whose peers report no arrivals either holds L/N, not L
+(common.idle_split): otherwise every node of an idle cluster holds all of L, and
+traffic that comes back on all of them at once passes N times it.  What GTB
+cannot avoid is the next interval: the first arrivals are reported one gossip
+round late, so until then each node's limit is L less the others' *old* rates.
+
 Stale peers are *not* zeroed and the global limit is *not* cut by 1/N: GTB
 takes the values as they stand, which is exactly its weakness ("highly
 sensitive to stale observations that continue to remove tokens at an outdated
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from drl.agent.model import PeerView, Snapshot, Step
-from .common import bucket_step
+from .common import bucket_step, idle_split
 
 
 def reported_sum(view: PeerView) -> float:
@@ -42,4 +48,5 @@ class GlobalTokenBucket:
 
     def step(self, state: None, snap: Snapshot) -> Step:
         remote_Bps = reported_sum(snap.view)
-        return bucket_step(snap.global_Bps - remote_Bps, snap, remote_Bps=remote_Bps)
+        idle = idle_split(snap.local.demand_Bps, remote_Bps, snap.global_Bps, snap.view.n_nodes)
+        return bucket_step(snap.global_Bps - remote_Bps if idle is None else idle, snap, remote_Bps=remote_Bps)

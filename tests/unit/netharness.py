@@ -6,7 +6,7 @@
 
 Each tick every live node gets the messages due for it (random loss, duplication
 and extra delay of up to ``max_delay`` ticks, which reorders them) and a peer view
-built from what the others published one tick earlier, the way gossip would
+built from what the others published one tick earlier, as float32, the way gossip would
 deliver it.  A crashed node stops and keeps its last state for the accounting;
 a partitioned pair loses all messages both ways and sees each other as dead.
 
@@ -20,6 +20,7 @@ dropped, as gossip would.
 from __future__ import annotations
 
 import random
+import struct
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -104,9 +105,10 @@ class Net:
         for env in due:
             inbox[env.dst].append(env)
         outgoing = []
+        views = {node: self._view(node) for node in self.live}     # all from last tick's values
         for node in sorted(self.live):
             snap = Snapshot(now=self.tick_no * self.interval_s, node_id=node, interval_s=self.interval_s,
-                            global_Bps=self.global_Bps, local=self.local[node], view=self._view(node),
+                            global_Bps=self.global_Bps, local=self.local[node], view=views[node],
                             inbox=tuple(Envelope(e.body, src=e.src) for e in inbox[node]))
             step = self.alloc[node].step(self.state[node], snap)
             self.state[node], self.decision[node] = step.state, step.decision
@@ -132,7 +134,7 @@ class Net:
                 dead_since = self.cut_at
             alive = dead_since is None
             age = 0.0 if alive else (self.tick_no - dead_since) * self.interval_s
-            value = self.decision[other].publish if other in self.decision else 0.0
+            value = as_float32(self.decision[other].publish) if other in self.decision else 0.0
             peers.append(PeerState(other, value, alive=alive, age_s=age, incarnation=self.life[other]))
         return peer_view(self.members, peers)
 
@@ -143,6 +145,12 @@ class Net:
 
     def heal(self) -> None:
         self.cut = set()
+
+
+def as_float32(value: float) -> float:
+    """``value`` as a peer reads it: the wire carries published values as protobuf floats
+    (agent/gossip/drl.proto), so 1e-49 arrives as 0.0."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def diffusion_accounted(net: Net) -> int:
