@@ -5,12 +5,12 @@
 
 #include "limiter.h"
 
-/* Arrays every packet reads are BPF_F_MMAPABLE, not to map them but because
+/* Arrays every packet reads (these, memos, buckets) are BPF_F_MMAPABLE, not to map them but because
  * such a map's values start a page, so limiter.h can keep what a packet reads
  * of a value in one cache line (an array's values start at any multiple of 8
  * otherwise, per-CPU ones too). */
 BPF_F_TABLE("array", int, struct settings, settings, 1, BPF_F_MMAPABLE); /* agent writes; classify, visit read */
 
-BPF_F_TABLE("array", int, struct class_config, config, MAX_CLASSES, BPF_F_MMAPABLE); /* agent writes; police reads */
+BPF_F_TABLE("array", int, struct class_config, config, MAX_CLASSES, BPF_F_MMAPABLE); /* agent writes; police, clients read */
 
-BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count writes; agent sums CPUs */
+BPF_PERCPU_ARRAY(counters, struct counters, MAX_CLASSES); /* count, refuse_client write; agent sums CPUs */

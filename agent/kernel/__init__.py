@@ -1,7 +1,8 @@
 """The kernel side: everything that touches the tc-egress program and its maps.
 
-Owns compiling and attaching bpf/limiter.c (``datapath``), the classification
-maps (``classify``), the token-bucket arithmetic both sides share (``bucket``),
+Owns compiling and attaching bpf/limiter.c and talking to its maps (``datapath``,
+made of ``loader``, ``attach``, ``class_maps``, ``rule_maps``, ``client_maps``,
+``flows`` and ``maps``), laying out the classification maps (``classify``), the token-bucket arithmetic both sides share (``bucket``),
 HTB shape mode (``shaper``), netlink helpers (``rtnetlink``), the
 one-agent-per-interface lock (``lock``) and the capability check (``caps``).
 ``fake`` is an in-memory stand-in with the same interface, for tests and tools

@@ -117,7 +117,7 @@ def test_many_small_flows_are_estimated_without_bias(net, datapath):
 
 
 def test_read_flows_follows_the_table_and_keeps_unchanged_samples(net, datapath):
-    """read_flows (agent/kernel/datapath.py _FlowReader) applies the entries the program copied to
+    """read_flows (agent/kernel/flows.py _FlowReader) applies the entries the program copied to
     flows_visited, and reads the whole table when asked (and every few seconds): whatever
     the table went through, a flow has the values items() reads, keeps its place in its
     class, and an entry nothing visited is the same object as before (the estimator's

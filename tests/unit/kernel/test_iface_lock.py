@@ -1,5 +1,5 @@
 """Issue 19 without a kernel datapath: the interface lock (agent/kernel/lock.py), the gossip mark's
-option and checks, and the netlink parse of ensure_attached (agent/kernel/datapath.py)."""
+option and checks, and the netlink parse of ensure_attached (agent/kernel/attach.py)."""
 from __future__ import annotations
 
 import os
@@ -110,7 +110,7 @@ def _filter_msg(seq: int, handle: int, prio: int, kind: bytes, prog_id: int | No
 
 
 def test_the_egress_dump_finds_our_programs_id():
-    from drl.agent.kernel.datapath import FILTER_HANDLE, FILTER_PRIO, _egress_prog_id
+    from drl.agent.kernel.attach import FILTER_HANDLE, FILTER_PRIO, _egress_prog_id
     assert _egress_prog_id(FakeNetlink([]), 2) is None
     found = [(0, FILTER_PRIO, b"bpf", None), (FILTER_HANDLE, 7, b"bpf", 11),
              (FILTER_HANDLE, FILTER_PRIO, b"bpf", 42)]
