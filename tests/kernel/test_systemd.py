@@ -286,3 +286,27 @@ def test_unit_under_systemd_keeps_the_limit_through_watchdog_reload_and_restart(
     assert unit.prop("ActiveState") == "inactive"
     assert not attached(h1) and "clsact" not in tc_show(h1, "qdisc")
     assert "Traceback" not in unit.journal()
+
+
+EPERM_UNIT = """[Service]
+Type=oneshot
+SystemCallFilter=~bpf
+SystemCallErrorNumber=EPERM
+ExecStart=/usr/local/bin/drl-agent up --config /etc/drl/eperm.toml --socket /run/drl-eperm.sock \
+    --state-dir /run/drl-eperm
+"""
+
+
+def test_bpf_refused_by_seccomp_is_named_as_such(booted):
+    """What the agent says when a seccomp filter (here a unit's SystemCallFilter=, in nspawn its
+    default) refuses bpf(): one line naming it, not a compile error about kernel headers."""
+    ct, lab = booted
+    ct.write("/etc/drl/eperm.toml", config(LIMIT, "eth0"))
+    ct.write("/etc/systemd/system/drl-eperm.service", EPERM_UNIT)
+    ct.run("systemctl", "daemon-reload")
+    res = ct.run("systemctl", "start", "drl-eperm.service", check=False, timeout=START_S)
+    assert res.returncode != 0
+    said = Unit(ct, "drl-eperm.service", "").journal()
+    assert "bpf() refused (EPERM)" in said and "--system-call-filter=bpf" in said, said
+    assert "cannot compile" not in said and "kernel headers" not in said, said
+    assert not attached(lab.hosts[0]) and "clsact" not in tc_show(lab.hosts[0], "qdisc")
