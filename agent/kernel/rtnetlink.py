@@ -1,4 +1,4 @@
-"""rtnetlink by hand: the message layouts, attribute codec and request/reply loop that agent/kernel/datapath.py (the
+"""rtnetlink by hand: the message layouts, attribute codec and request/reply loop that agent/kernel/attach.py (the
 per-tick check of our filter's program id) and agent/kernel/shaper.py (bfifo, htb class delete,
 a dumped qdisc re-added as it was) need where pyroute2 is too slow or cannot."""
 from __future__ import annotations

@@ -71,7 +71,7 @@ def test_flow_table_sees_parallel_flows(net, server, datapath):
     iperf3(net.hosts[0], server, seconds=3, streams=8)
     flows = [f for f in dp.read_flows().get(0, []) if f.key.dport == server.port and f.key.proto == 6]
     assert len({f.key.sport for f in flows if f.bytes > 1_000_000}) == 8, flows   # + control connection
-    # each CPU tallies a flow's bytes exactly (limiter.c tally_flow); only the flows' last
+    # each CPU tallies a flow's bytes exactly (flows.h tally_flow); only the flows' last
     # epochs (16.8 ms each) may still be in their memo slots
     total = sum(f.bytes for f in dp.read_flows()[0])
     assert within(total, dp.read_counters()[0].passed_bytes, 0.02)

@@ -1,4 +1,4 @@
-"""Classification at scale (agent/kernel/classify.py, bpf/limiter.c classify): h1 (10.0.0.1) -> h2 (10.0.0.2).
+"""Classification at scale (agent/kernel/classify.py, bpf/classify.h classify): h1 (10.0.0.1) -> h2 (10.0.0.2).
 
 Run: sudo .venv/bin/python -m pytest -q tests/kernel/test_datapath_classify.py
 """
@@ -141,7 +141,7 @@ def test_the_longest_prefix_of_every_length_in_use_wins(net, server, datapath):
 
 
 def test_a_flow_classified_before_a_rules_change_follows_the_new_rules(net, server, datapath):
-    """Each CPU remembers a flow's class (limiter.c classify_memo) until the rules change:
+    """Each CPU remembers a flow's class (flows.h classify_memo) until the rules change:
     the same TCP connections, classified at their start, count in the class the new rules
     give them from set_rules on, whether the change rewrote their entry or added a longer
     prefix over it."""
@@ -163,7 +163,7 @@ def test_a_flow_classified_before_a_rules_change_follows_the_new_rules(net, serv
 
 def test_a_flow_the_rules_move_takes_its_flow_table_entry_to_its_new_class(net, server, datapath):
     """The flow table files a flow under the class its tallies were counted in: once the
-    rules move it, its entry starts over as the new class's (limiter.c visit), and the
+    rules move it, its entry starts over as the new class's (flows.h visit), and the
     agent's drain files it there (_FlowReader), so each class's FPS sees its own flows."""
     h1 = net.hosts[0]
     dp = datapath(classes=[parse_class(f"dst={H2},proto=tcp")])          # class 0

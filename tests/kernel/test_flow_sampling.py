@@ -1,5 +1,5 @@
 """Each CPU tallies a flow's passed bytes in the flow's memo slot and the tally visits the
-flow table once per 16.8 ms epoch the flow sends in (bpf/limiter.c tally_flow, settle):
+flow table once per 16.8 ms epoch the flow sends in (bpf/flows.h tally_flow, settle):
 per-flow byte counts are exact, but for a flow's last epoch, which stays in its slot until
 the flow sends again or another flow takes the slot.  Tallies smaller than a CPU's packets
 per 250 us visit with a chance and count for that many (Horvitz-Thompson): the first two
