@@ -6,6 +6,10 @@
 """
 from __future__ import annotations
 
+import textwrap
+
+from click.core import ParameterSource
+
 from drl.agent.config.build import build_config, class_key
 from drl.agent.config.load import load_config
 from drl.agent.config.schema import defaults
@@ -16,8 +20,8 @@ from drl.agent.kernel.fake import CLASS_ID, FakeDatapath
 from drl.agent.service.daemon import Agent
 from drl.cli.agent import up
 
-__all__ = ["CLASS_ID", "DEFAULT", "TWO", "FakeDatapath", "MemoryTransport", "agent", "config", "file_agent",
-           "published", "rules_of", "values"]
+__all__ = ["CLASS_ID", "DEFAULT", "GOOD", "TWO", "FakeDatapath", "MemoryTransport", "agent", "config", "file_agent",
+           "load", "published", "rules_of", "values"]
 
 DEFAULT = class_key("default")    # its key on the wire
 
@@ -76,3 +80,36 @@ def file_agent(tmp_path, text, dp):
 
 def rules_of(dp) -> dict[str, int]:
     return {str(rule): class_id for rule, class_id in dp.rules}
+
+
+# A config file of three classes, read as drl-agent up --config reads it (load).
+GOOD = """\
+[agent]
+iface = "lo"
+node_id = "a"
+listen = "10.0.0.1:7470"
+peers = ["b@10.0.0.2:7470", "c@10.0.0.3:7470"]
+insecure = true
+allocator = "static"        # default of every class
+ewma = 0.3
+
+[[class]]
+name = "gold"
+global = "50mbit"
+match = ["dst=198.51.100.0/24", "dport=443,proto=tcp"]
+
+[[class]]
+name = "silver"
+global = "20mbit"
+allocator = "fps"
+burst = "256KB"
+"""
+
+
+def load(tmp_path, text: str, *flags: str):
+    path = tmp_path / "drl.toml"
+    path.write_text(textwrap.dedent(text))
+    ctx = up.make_context("up", ["--config", str(path), "--socket", str(tmp_path / "s"), *flags])
+    explicit = {n for n in ctx.params if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE}
+    opts = {k: v for k, v in ctx.params.items() if k != "config"}
+    return load_config(str(path), opts, explicit, check_host=False)

@@ -14,7 +14,7 @@ from drl.agent.cluster.etcd import prefix_end
 from drl.agent.cluster.registry import (Member, Registry, RegistryConfig, RegistryError, decode, parse_registry,
                                 registry_config)
 from drl.cli.agent import load_config, up
-from drl.cli.configfile import ConfigFileError, table_options
+from drl.agent.config.toml import ConfigFileError, table_options
 from drl.cli.ctl import main as ctl_main
 
 
@@ -120,12 +120,12 @@ def test_the_layout_decodes_members_and_classes_and_names_bad_keys():
 
 def test_a_class_table_from_etcd_is_checked_like_the_file():
     origin = "etcd /drl/prod/classes/gold"
-    opts = table_options({"name": "gold", "global": "50mbit", "match": ["dport=80"]}, up, origin)
+    opts = table_options({"name": "gold", "global": "50mbit", "match": ["dport=80"]}, origin)
     assert opts == {"name": "gold", "global_Bps": 50e6 / 8, "class_specs": ("dport=80",)}
     with pytest.raises(ConfigFileError, match=f"^{origin}: class 'gold': global: unknown rate unit"):
-        table_options({"name": "gold", "global": "50mbot"}, up, origin)
+        table_options({"name": "gold", "global": "50mbot"}, origin)
     with pytest.raises(ConfigFileError, match=f"^{origin}: class 'gold': unknown key 'iface'"):
-        table_options({"name": "gold", "global": "50mbit", "iface": "eth0"}, up, origin)
+        table_options({"name": "gold", "global": "50mbit", "iface": "eth0"}, origin)
 
 
 def test_prefix_end_covers_exactly_the_prefix():

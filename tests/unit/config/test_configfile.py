@@ -1,45 +1,13 @@
 """drl.toml (agent/config/toml.py): parsed by the flags' own parsers, errors at file:line, flags on top."""
 from __future__ import annotations
 
-import textwrap
-
 import pytest
-from click.core import ParameterSource
 
 from drl.agent.config.build import ConfigError
 from drl.agent.units import parse_rate
-from drl.cli.agent import load_config, up
 
-GOOD = """\
-[agent]
-iface = "lo"
-node_id = "a"
-listen = "10.0.0.1:7470"
-peers = ["b@10.0.0.2:7470", "c@10.0.0.3:7470"]
-insecure = true
-allocator = "static"        # default of every class
-ewma = 0.3
+from daemon_harness import GOOD, load
 
-[[class]]
-name = "gold"
-global = "50mbit"
-match = ["dst=198.51.100.0/24", "dport=443,proto=tcp"]
-
-[[class]]
-name = "silver"
-global = "20mbit"
-allocator = "fps"
-burst = "256KB"
-"""
-
-
-def load(tmp_path, text: str, *flags: str):
-    path = tmp_path / "drl.toml"
-    path.write_text(textwrap.dedent(text))
-    ctx = up.make_context("up", ["--config", str(path), "--socket", str(tmp_path / "s"), *flags])
-    explicit = {n for n in ctx.params if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE}
-    opts = {k: v for k, v in ctx.params.items() if k != "config"}
-    return load_config(str(path), opts, explicit, check_host=False)
 
 
 def test_a_file_gives_named_classes_with_agent_defaults(tmp_path):

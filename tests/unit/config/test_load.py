@@ -6,7 +6,7 @@ import pytest
 from drl.agent.config.build import ConfigError
 from drl.agent.config.load import import_tables, load_config
 from drl.agent.config.schema import defaults
-from test_configfile import GOOD, load
+from daemon_harness import GOOD, load
 
 
 def test_the_model_alone_builds_what_the_command_line_builds(tmp_path):

@@ -17,7 +17,7 @@ from drl.agent import logs
 from drl.agent.service.daemon import Agent
 from drl.cli.agent import main as agent_main, up
 
-from test_configfile import load
+from daemon_harness import load
 from daemon_harness import FakeDatapath, agent, config
 
 # -- a logfmt reader written apart from agent/logs.py ---------------------------------------

@@ -18,8 +18,7 @@ from drl.agent.service.daemon import Agent, StartupError
 from drl.agent.service.metrics import (Board, Collector, DropTally, MetricsError, MetricsServer, TickStats,
                                drop_reason)
 from drl.agent.model import Decision, Mode
-from drl.cli import configfile
-from drl.cli.agent import up
+from drl.agent.config import toml
 
 from daemon_harness import FakeDatapath, MemoryTransport, agent, config
 
@@ -180,7 +179,7 @@ def test_metrics_address_from_the_flag_or_the_config_file(tmp_path):
         config(tmp_path, "--global", "8mbit", "--metrics", "127.0.0.1:0")
     f = tmp_path / "drl.toml"
     f.write_text('[agent]\nmetrics = "10.0.0.1:9470"\n\n[[class]]\nname = "a"\nglobal = "1mbit"\n')
-    assert configfile.read(str(f), up).agent["metrics"] == "10.0.0.1:9470"
+    assert toml.read(str(f)).agent["metrics"] == "10.0.0.1:9470"
 
 
 def test_registry_state_only_with_a_registry(tmp_path):
