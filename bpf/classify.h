@@ -13,9 +13,9 @@
  * one hash lookup per length in use, whatever the number of classes.  An LPM
  * trie walks one node per level: 4,096 /24s cost +35 % per packet there
  * (bench/README.md, "classification"). */
-BPF_F_TABLE("hash", struct net_key, struct rule_list, dst_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
-BPF_F_TABLE("hash", struct net_key, struct rule_list, src_nets, MAX_KEYS, BPF_F_NO_PREALLOC);
-BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct net_key, struct rule_list, dst_nets, MAX_KEYS, BPF_F_NO_PREALLOC); /* agent writes; longest_prefix reads */
+BPF_F_TABLE("hash", struct net_key, struct rule_list, src_nets, MAX_KEYS, BPF_F_NO_PREALLOC); /* agent writes; longest_prefix reads */
+BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);       /* agent writes; by_mark reads */
 
 /* Branch-free on purpose: every bit of a field under its mask must equal
  * the rule's.  With an early return per field, the verifier learns each

@@ -20,7 +20,7 @@
  * clients that keep sending; an LRU map is always preallocated (its memory:
  * bench/README.md, "Per-client accounting").  Bans are a plain hash: an
  * eviction would unban.  The others take memory only for what they hold. */
-BPF_TABLE("lru_hash", struct client_key, struct client_window, client_windows, MAX_CLIENTS); /* clients write */
+BPF_TABLE("lru_hash", struct client_key, struct client_window, client_windows, MAX_CLIENTS); /* count_client writes; agent reads followed clients */
 BPF_F_TABLE("hash", struct client_key, __u8, client_heavy, MAX_CLIENT_HEAVY,
 	    BPF_F_NO_PREALLOC);                                 /* count_client adds; the agent drains */
 BPF_F_TABLE("hash", struct client_key, struct client_bucket, client_limits, MAX_CLIENT_LIMITS,

@@ -9,7 +9,7 @@
  * such a map's values start a page, so limiter.h can keep what a packet reads
  * of a value in one cache line (an array's values start at any multiple of 8
  * otherwise, per-CPU ones too). */
-BPF_F_TABLE("array", int, struct settings, settings, 1, BPF_F_MMAPABLE); /* agent writes; classify, visit read */
+BPF_F_TABLE("array", int, struct settings, settings, 1, BPF_F_MMAPABLE); /* agent writes; every stage reads */
 
 BPF_F_TABLE("array", int, struct class_config, config, MAX_CLASSES, BPF_F_MMAPABLE); /* agent writes; police, clients read */
 

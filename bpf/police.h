@@ -8,7 +8,7 @@
 #include "maps.h"
 
 BPF_ARRAY(heartbeat, __u64, 1);                          /* agent writes every tick; stale reads (8 bytes: one line anyway) */
-BPF_F_TABLE("array", int, struct bucket, buckets, MAX_CLASSES, BPF_F_MMAPABLE); /* police writes; agent reads quota (MMAPABLE: maps.h) */
+BPF_F_TABLE("array", int, struct bucket, buckets, MAX_CLASSES, BPF_F_MMAPABLE); /* police writes; agent reads quota; MMAPABLE: maps.h */
 
 /* The agent went silent: for timeout_ns neither this config was written
  * nor the agent's heartbeat, which every tick stamps (agent/service/daemon.py tick),
