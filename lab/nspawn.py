@@ -151,9 +151,11 @@ class Container:
         self.close()
 
     def _start(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        clean_stale()
+        _remove_tree(self.dir)
         for d in ("upper", "work", "root"):
             (self.dir / d).mkdir(parents=True)
+        (self.dir / "owner").write_text(f"{os.getpid()}\n")
         self.log.parent.mkdir(parents=True, exist_ok=True)
         _sh(["mount", "-t", "overlay", "overlay", "-o",
              f"lowerdir={self.rootfs},upperdir={self.dir / 'upper'},workdir={self.dir / 'work'}", str(self.merged)])
@@ -259,6 +261,25 @@ class Container:
                 subprocess.run(["umount", "--lazy", str(self.merged)], capture_output=True)
             self._mounted = False
         _remove_tree(self.dir)
+
+
+def clean_stale() -> list[str]:
+    """Remove the overlays of containers whose owner process died (a killed test run); their
+    containers died with their network namespace (drl-lab clean).  Returns their names."""
+    gone = []
+    for d in RUNS.iterdir() if RUNS.is_dir() else ():
+        try:
+            owner = int((d / "owner").read_text())
+        except (OSError, ValueError):
+            owner = 0
+            if time.time() - d.stat().st_mtime < 60:
+                continue                     # being made: the owner file comes next
+        if owner and Path(f"/proc/{owner}").exists():
+            continue
+        with contextlib.suppress(LabError):
+            _remove_tree(d)
+            gone.append(d.name)
+    return gone
 
 
 def _remove_tree(path: Path) -> None:
