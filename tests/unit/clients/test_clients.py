@@ -87,7 +87,7 @@ def test_thresholds(text, unit, count, window_s):
     (parse_threshold, "2000", "give a rate ('2mbit') or COUNT/WINDOW"),
     (parse_threshold, "2mbps", "ambiguous rate unit"),
     (parse_threshold, "2furlongs", "unknown rate unit"),
-    (parse_threshold, "0mbit", "the rate must be above 0"),
+    (parse_threshold, "0mbit", "rate '0mbit' is below the floor of 8 kbit/s"),
     (parse_threshold, "2000/0s", "the window must be longer than 0"),
     (parse_threshold, "2000/soon", "not a duration"),
     (parse_threshold, "2000/1y", "unknown duration unit"),

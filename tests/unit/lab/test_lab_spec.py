@@ -84,9 +84,9 @@ def _bad(replace: str, by: str) -> str:
 
 @pytest.mark.parametrize("replace, by, expect", [
     ('global = "10mbit"', 'global = "10mbps"', "bad.toml:3: [experiment]: field 'global': ambiguous rate unit"),
-    ('global = "10mbit"', 'global = "0mbit"', "bad.toml:3: [experiment]: field 'global': must be above 0"),
-    ('rate = "50mbit"', 'rate = "0bit"', "bad.toml:19: [[link]] #3: field 'rate': must be above 0"),
-    ('rate = "1mbit"', 'rate = "0mbit"', "[[traffic]] #2: field 'rate': must be above 0"),
+    ('global = "10mbit"', 'global = "0mbit"', "bad.toml:3: [experiment]: field 'global': rate '0mbit' is below the floor"),
+    ('rate = "50mbit"', 'rate = "0bit"', "bad.toml:19: [[link]] #3: field 'rate': rate '0bit' is below the floor"),
+    ('rate = "1mbit"', 'rate = "0mbit"', "[[traffic]] #2: field 'rate': rate '0mbit' is below the floor"),
     ('rate = "50mbit"', 'rate = "fast"', "bad.toml:19: [[link]] #3: field 'rate': not a rate"),
     ('flows = 3', 'flows = 0', "bad.toml:26: [[traffic]] #1: field 'flows'"),
     ('flows = 3', 'flow = 3', "bad.toml:26: [[traffic]] #1: field 'flow': unknown field"),
