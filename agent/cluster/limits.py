@@ -14,6 +14,16 @@ since this agent last read it (on reload or restart).  A file that still says
 what it said before does not undo a live ``set`` (README "Changing limits").
 The book is kept in ``--state-dir`` so a restarted agent starts from the
 newest version it knew, and gossip brings it the newer ones it missed.
+
+Nothing enters the book unchecked (agent/units.py): a rate within
+MIN_RATE_Bps..MAX_RATE_Bps, a version below MAX_VERSION, so one more always
+fits the wire.  ``configure`` and ``set`` refuse with a :class:`LimitBookError`
+line, ``merge`` never adopts (the wire has already dropped and counted such a
+note), ``save`` never writes one, and a file holding one is refused at start
+with a hint.  A class at the top version refuses ``set``: only forged
+announcements get there (a key holder; wire.py refuses them on receipt), and
+the way out is to rotate the cluster key, then stop the agents and remove
+their limits files.
 """
 from __future__ import annotations
 
@@ -21,6 +31,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from drl.agent import units
 
 
 @dataclass(frozen=True, order=True)
@@ -36,7 +48,21 @@ class _Entry:
 
 
 class LimitBookError(Exception):
-    """The limits file cannot be read; one line."""
+    """The limits file cannot be read, or a limit is out of bounds; one line."""
+
+
+def check_limit(limit: Limit, what: str = "limit") -> Limit:
+    """``limit`` if its version and rate are within bounds, else :class:`~agent.units.UnitError`."""
+    units.check_version(limit.version, f"{what}: version")
+    units.check_rate(limit.global_Bps, f"{what}: global_Bps")
+    return limit
+
+
+def _checked(name: str, limit: Limit) -> Limit:
+    try:
+        return check_limit(limit, f"class {name!r}")
+    except units.UnitError as e:
+        raise LimitBookError(str(e)) from None
 
 
 class LimitBook:
@@ -51,16 +77,20 @@ class LimitBook:
         """The config file's value for ``name``: a new version when it differs from what it was."""
         entry = self._entries.get(name)
         if entry is None:
-            entry = self._entries[name] = _Entry(Limit(0, configured_Bps), configured_Bps)
+            entry = self._entries[name] = _Entry(_checked(name, Limit(0, configured_Bps)), configured_Bps)
         elif entry.configured_Bps != configured_Bps:
-            entry.limit = Limit(entry.limit.version + 1, configured_Bps)
+            entry.limit = _checked(name, Limit(entry.limit.version + 1, configured_Bps))
             entry.configured_Bps = configured_Bps
         return entry.limit
 
     def set(self, name: str, global_Bps: float) -> Limit:
         """A live change (drlctl set): the next version."""
         entry = self._entries[name]
-        entry.limit = Limit(entry.limit.version + 1, global_Bps)
+        if entry.limit.version + 1 >= units.MAX_VERSION:
+            raise LimitBookError(f"class {name!r}: its limit is at version {entry.limit.version}, the highest "
+                                 f"there is (only forged announcements get there): rotate the cluster key, "
+                                 f"then stop every agent and remove its limits file")
+        entry.limit = _checked(name, Limit(entry.limit.version + 1, global_Bps))
         return entry.limit
 
     def merge(self, name: str, limit: Limit) -> bool:
@@ -68,6 +98,10 @@ class LimitBook:
         entry = self._entries.get(name)
         if entry is None or limit <= entry.limit:
             return False
+        try:
+            check_limit(Limit(limit.version + 1, limit.global_Bps))    # a set after it must still fit
+        except units.UnitError:
+            return False            # never adopted; wire.py has dropped and counted such a note
         entry.limit = limit
         return True
 
@@ -77,6 +111,8 @@ class LimitBook:
     def save(self) -> None:
         if not self.path:
             return
+        for name, e in self._entries.items():          # what _load would refuse is never written
+            _checked(name, e.limit)
         data = {name: {"version": e.limit.version, "global_Bps": e.limit.global_Bps,
                        "configured_Bps": e.configured_Bps} for name, e in self._entries.items()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,9 +127,18 @@ class LimitBook:
             raise LimitBookError(f"cannot use state directory {self.path.parent}: {e.strerror}") from None
         try:
             data = json.loads(self.path.read_text())
-            return {name: _Entry(Limit(int(d["version"]), float(d["global_Bps"])), d["configured_Bps"])
-                    for name, d in data.items()}
+            entries = {name: _Entry(Limit(d["version"], d["global_Bps"]), d["configured_Bps"])
+                       for name, d in data.items()}
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise LimitBookError(f"limits file {self.path} is unreadable ({e}); remove it to start afresh") from None
+        for name, e in entries.items():
+            try:
+                check_limit(e.limit, f"class {name!r}")
+                if e.configured_Bps is not None:
+                    units.check_rate(e.configured_Bps, f"class {name!r}: configured_Bps")
+            except units.UnitError as err:
+                raise LimitBookError(f"limits file {self.path}: {err}; fix or remove the file to start "
+                                     f"(the classes then start from the config file's limits)") from None
+        return entries
