@@ -67,3 +67,116 @@ def test_a_socket_directory_that_cannot_be_made_is_a_control_error(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ControlError, match="cannot create control socket .*afile: File exists"):
         ControlServer(str(tmp_path / "afile" / "agent.sock"))
+
+
+# -- a hostile or stuck client costs the agent nothing ---------------------------------------
+
+def raw(path: str, data: bytes) -> dict:
+    """Send ``data`` as it is, read the reply."""
+    import json
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(3.0)
+    with s:
+        s.connect(path)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        return json.loads(b"".join(iter(lambda: s.recv(65536), b"")))
+
+
+@pytest.mark.parametrize("data, error", [
+    (b"[" * 1500, "nested too deep"),                # crashed the agent: an uncaught RecursionError
+    (b'{"cmd": "status", "x": "' + b"a" * 5000 + b'"}\n', "longer than 4096 bytes"),
+    (b"{not json\n", "unreadable request"),
+    (b"\xff\xfe\n", "unreadable request"),
+    (b"[1, 2]\n", "a request is a JSON object"),
+    (b'{"cmd": ["status"]}\n', "unknown command"),
+])
+def test_a_malformed_request_is_an_error_reply_and_the_server_goes_on(server, data, error):
+    reply = raw(server.path, data)
+    assert reply["ok"] is False and error in reply["error"] and "\n" not in reply["error"]
+    assert request(server.path, "status")["ok"]
+
+
+def test_a_handler_that_raises_is_an_error_reply_naming_the_command(tmp_path):
+    srv = ControlServer(str(tmp_path / "agent.sock"))
+
+    def broken(req):
+        raise OverflowError("cannot convert float infinity to integer")
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(srv.path)
+        s.sendall(b'{"cmd": "set"}\n')
+        for _ in range(3):
+            srv.handle_one({"set": broken})
+        assert s.recv(4096) == b'{"ok": false, "error": "set: cannot convert float infinity to integer"}'
+    finally:
+        s.close()
+        srv.close()
+
+
+def test_an_idle_client_never_holds_the_server(tmp_path):
+    """Each idle connection held the tick loop for 1 s."""
+    import time
+    srv = ControlServer(str(tmp_path / "agent.sock"))
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(4)]
+    try:
+        for s in idle:
+            s.connect(srv.path)
+        idle[0].sendall(b'{"cmd": "sta')                  # half a request, then nothing
+        start = time.monotonic()
+        for _ in range(20):
+            srv.handle_one({"status": lambda req: {"ok": True}})
+        assert time.monotonic() - start < 0.05
+    finally:
+        for s in idle:
+            s.close()
+        srv.close()
+
+
+def test_idle_clients_do_not_keep_another_from_its_answer(server):
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(4)]
+    try:
+        for s in idle:
+            s.connect(server.path)
+        assert request(server.path, "status", timeout_s=0.5)["ok"]
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_connections_beyond_the_cap_close_the_oldest(tmp_path):
+    from drl.agent.service import control
+    srv = ControlServer(str(tmp_path / "agent.sock"))
+    socks = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(control.MAX_CONNS + 3)]
+    try:
+        for s in socks:
+            s.connect(srv.path)
+            srv.handle_one({})
+        assert len(srv._conns) == control.MAX_CONNS
+        socks[0].settimeout(1.0)
+        assert socks[0].recv(10) == b""                      # closed by the agent
+    finally:
+        for s in socks:
+            s.close()
+        srv.close()
+
+
+def test_an_idle_client_costs_the_daemons_tick_loop_nothing(tmp_path, signals_kept):
+    """Four idle clients for 20 s let the agent tick 28 times instead of ~230: an idle client
+    connected for 2 s while the agent ticks every 100 ms must leave >= 15 ticks."""
+    import time
+    from daemon_harness import FakeDatapath, agent, config
+    cfg = config(tmp_path, "--global", "12mbit", "--allocator", "static", "--interval", "100ms")
+    with agent(cfg, FakeDatapath()) as a:
+        idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stop = threading.Timer(2.0, lambda: setattr(a, "stopping", True))
+        try:
+            idle.connect(cfg.socket_path)
+            stop.start()
+            start = time.monotonic()
+            assert a.serve() == 0
+            assert time.monotonic() - start < 2.5
+        finally:
+            stop.cancel()
+            idle.close()
+        assert a.ticks >= 15
