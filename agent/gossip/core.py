@@ -42,6 +42,13 @@ Design ([Raghavan07] §3.1, §4.2):
 * Incarnations (:class:`~agent.lives.Lives`): a higher incarnation is a restart, but one that
   falls silent for ``timeout_s`` no longer shouts down the lower one still
   speaking, so a forged (or clock-skewed) jump cannot lock the real peer out.
+* Bounds.  wire.py drops a datagram with any number outside its bounds
+  (agent/units.py); the sign of a class's published value is judged here, where
+  the owner says which classes may publish below 0 (``signed``, by class key:
+  a GDRL indicator is compared, never summed).  Any other negative value (a
+  weight, a rate, an amount) would take from the others' shares in every sum
+  it enters (one peer's -max(weights) gave FPS 2x its limit), so its datagram
+  is dropped whole and counted (``out_of_range``), never clamped into use.
 
 Addresses are opaque hashables to the core: ``(host, port)`` for UDP, anything
 the simulator likes.  Unnamed peers' node ids are learned from authenticated
@@ -56,7 +63,7 @@ import time
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
-from typing import Hashable, Mapping, NamedTuple, Sequence
+from typing import Callable, Hashable, Mapping, NamedTuple, Sequence
 
 from drl.agent.model import Envelope
 from drl.agent.gossip.lives import Lives
@@ -106,6 +113,10 @@ class _Said:
 
     def __init__(self, said: Outgoing, changed: int) -> None:
         self.said, self.changed = said, changed
+
+
+def _unsigned(key: int) -> bool:
+    return False
 
 
 def new_incarnation() -> int:
@@ -258,6 +269,7 @@ class GossipCore:
         self._announce: dict[int, tuple[LimitNote, int]] = {}    # limit notes for all: rounds left
         self._gone: dict[Addr, None] = {}                        # removed peers with link counters, oldest first
         self._round = 0
+        self.signed: Callable[[int], bool] = _unsigned           # class keys whose values may be below 0
 
     def set_peers(self, peers: Sequence[Addr], names: Mapping[Addr, str] | None = None,
                   timeout_s: float | None = None) -> None:
@@ -429,6 +441,8 @@ class GossipCore:
         msg = decode(data, self.key, self.cluster)
         if isinstance(msg, Reason):
             return self.reject(msg)
+        if isinstance(msg.payload, Batch) and not self._signs_ok(msg.payload):
+            return self.reject(Reason.OUT_OF_RANGE)
         h = msg.header
         if h.node == self.node_id:
             return self.reject(Reason.LOOP)
@@ -455,6 +469,11 @@ class GossipCore:
         self.stats.received_bytes += len(data)
         self.stats.lost += gap
         return Received(h, msg.payload, addr, max(gap, 0))
+
+    def _signs_ok(self, batch: Batch) -> bool:
+        """No value below 0 but for a class that may publish one (``signed``)."""
+        signed = self.signed
+        return all(signed(v.key) for v in batch.values if v.value < 0.0)
 
     def _may_speak(self, node: str, addr: Addr, now: float) -> bool:
         """Whether ``node`` may speak from ``addr``: a named address only as its id, a named

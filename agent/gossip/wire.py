@@ -11,7 +11,12 @@
 A datagram is the serialized ``Datagram`` followed by HMAC-SHA256 over it with the
 cluster key (``key=None`` is the explicit insecure mode: no tag, nothing verified).
 ``decode`` never raises: bad input comes back as a :class:`Reason`, which the
-receive path counts (agent/gossip/core.py ``Stats.rejected``).  The MAC is checked
+receive path counts (agent/gossip/core.py ``Stats.rejected``).  Every number a
+datagram carries is checked against agent/units.py's bounds before anything
+uses it: finite, not negative (the sign of a Batch value is the receiver's to
+judge, core.py, which knows the class's allocator), a rate within the rate
+ceiling, a version one more than which still fits its uint64
+(``Reason.OUT_OF_RANGE``: the whole datagram is dropped, never clamped).  The MAC is checked
 before the protobuf parser ever sees the bytes, so unauthenticated input only
 costs one HMAC.  Replays are caught statefully by :class:`SeqWindow`, one per
 (sender, incarnation), in agent/gossip/core.py, after it has checked that the sender's
@@ -34,7 +39,7 @@ from typing import NamedTuple, Union
 from google.protobuf.message import DecodeError
 
 from drl.agent.gossip import drl_pb2
-from drl.agent import logs
+from drl.agent import logs, units
 from drl.agent.clients.table import BanNote, ClientReport, report_bytes
 from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
@@ -55,6 +60,7 @@ class Reason(str, enum.Enum):
     TRUNCATED = "truncated"            # too short to hold a tag and a header
     FORGED = "forged"                  # MAC does not verify (wrong key, tampering)
     GARBAGE = "garbage"                # authenticated (or insecure) but not a well-formed Datagram
+    OUT_OF_RANGE = "out_of_range"      # well-formed, but a number outside its bounds (agent/units.py)
     UNKNOWN_VERSION = "unknown_version"
     WRONG_CLUSTER = "wrong_cluster"
     UNKNOWN_PEER = "unknown_peer"      # source address not in the configured peer list
@@ -176,15 +182,15 @@ def _body(data: bytes, key: bytes | None) -> bytes | Reason:
     return body
 
 
-def _parse(body: bytes) -> Message | None:
+def _parse(body: bytes) -> Message | Reason:
     dg = drl_pb2.Datagram()
     try:
         dg.ParseFromString(body)
     except (DecodeError, RuntimeWarning, ValueError):
-        return None
+        return Reason.GARBAGE
     kind = dg.WhichOneof("payload")
     if kind is None or not dg.HasField("header"):
-        return None
+        return Reason.GARBAGE
     if kind == "batch":
         payload = _read_batch(dg.batch)
     elif kind == "client_reports":
@@ -192,16 +198,28 @@ def _parse(body: bytes) -> Message | None:
     else:
         payload = _read_body(_KINDS[kind], getattr(dg, kind))
     header = Header(**{name: getattr(dg.header, name) for name in _HEADER_FIELDS})
-    if payload is None or not header.node or header.seq == 0 or not math.isfinite(header.sent_at):
-        return None
+    if isinstance(payload, Reason):
+        return payload
+    if not header.node or header.seq == 0 or not math.isfinite(header.sent_at):
+        return Reason.GARBAGE
     return Message(header, payload)
 
 
-def _read_body(cls: type, sub) -> Payload | None:
+# The bounds of each point-to-point body's numbers: a NaN or inf would poison every sum it
+# enters, a negative amount or rate would take from the others' shares; no allocator sends one.
+_BODY_BOUNDS: dict[str, float] = {
+    "amount": math.inf, "link_total": math.inf,               # B/s or bytes moved: finite, >= 0
+    "want_Bps": units.MAX_RATE_Bps, "capacity_Bps": units.MAX_RATE_Bps,
+    "ttl_s": units.MAX_DURATION_S, "refresh_s": units.MAX_DURATION_S,
+    "consumed": units.MAX_AMOUNT, "free": units.MAX_AMOUNT,
+}
+
+
+def _read_body(cls: type, sub) -> Payload | Reason:
     values = [getattr(sub, name) for name in _FIELDS[cls]]
-    # A NaN or inf would poison every sum it enters; no allocator publishes one.
-    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-        return None
+    for name, v in zip(_FIELDS[cls], values):
+        if isinstance(v, float) and not (math.isfinite(v) and 0.0 <= v <= _BODY_BOUNDS[name]):
+            return Reason.OUT_OF_RANGE
     return cls(*values)
 
 
@@ -217,17 +235,26 @@ def _fill_batch(sub, batch: Batch) -> None:
         sub.limits.add(key=note.key, version=note.version, global_Bps=note.global_Bps)
 
 
-def _read_batch(sub) -> Batch | None:
-    """A well-formed Batch: arrays of one length, seqs from 1, finite values and limits."""
+def _read_batch(sub) -> Batch | Reason:
+    """A well-formed Batch: arrays of one length, seqs from 1; finite values, versions below
+    MAX_VERSION, limits within the rate bounds (a value's sign is core.py's to judge)."""
     keys, seqs, values, versions, locals_ = sub.keys, sub.seqs, sub.values, sub.versions, sub.locals
     if not len(keys) == len(seqs) == len(values) == len(versions) == len(locals_) or 0 in seqs:
-        return None
-    if not all(map(math.isfinite, values)):
-        return None
+        return Reason.GARBAGE
+    if not all(map(math.isfinite, values)) or any(v >= units.MAX_VERSION for v in versions):
+        return Reason.OUT_OF_RANGE
     limits = tuple(LimitNote(n.key, n.version, n.global_Bps) for n in sub.limits)
-    if any(not math.isfinite(n.global_Bps) or n.global_Bps < 0 for n in limits):
-        return None
+    if not all(map(_limit_ok, limits)):
+        return Reason.OUT_OF_RANGE
     return Batch(tuple(map(ClassValue, keys, seqs, values, versions, (1000.0 * x for x in locals_))), limits)
+
+
+def _limit_ok(note: LimitNote) -> bool:
+    """A limit a LimitBook may adopt: a version a ``drlctl set`` can still increment (a forged
+    top version was adopted for good, and the next set overflowed the wire), a rate within
+    the bounds."""
+    return (note.version + 1 < units.MAX_VERSION and math.isfinite(note.global_Bps)
+            and units.MIN_RATE_Bps <= note.global_Bps <= units.MAX_RATE_Bps)
 
 
 def _fill_report(sub, entry: ClassClients) -> None:
@@ -249,16 +276,22 @@ def _fill_report(sub, entry: ClassClients) -> None:
         sub.bans.add(prefix=note.client, version=note.version, remaining_s=note.remaining_s, lifted=note.lifted)
 
 
-def _read_reports(sub) -> ClientReports | None:
+def _read_reports(sub) -> ClientReports | Reason:
     """Well-formed reports: parallel arrays of one length (v6_lo all or nothing), IPv4 and IPv6
-    prefixes of 4 and 16 bytes; counts and times are the table's to judge (ClientTable.receive)."""
+    prefixes of 4 and 16 bytes; counts finite and >= 0, ban versions below MAX_VERSION (an
+    unban is one up), remaining times finite within MAX_DURATION_S either way (negative: over)."""
     out = []
     for r in sub.reports:
         v6_lo = r.v6_lo if len(r.v6_lo) else [0] * len(r.v6_hi)
         if len(r.v4) != len(r.v4_counts) or not len(r.v6_hi) == len(v6_lo) == len(r.v6_counts):
-            return None
+            return Reason.GARBAGE
         if any(len(n.prefix) not in (4, 16) for n in r.bans):
-            return None
+            return Reason.GARBAGE
+        if not all(math.isfinite(c) and 0.0 <= c <= units.MAX_AMOUNT for c in (*r.v4_counts, *r.v6_counts)):
+            return Reason.OUT_OF_RANGE
+        if not all(n.version < units.MAX_VERSION and math.isfinite(n.remaining_s)
+                   and abs(n.remaining_s) <= units.MAX_DURATION_S for n in r.bans):
+            return Reason.OUT_OF_RANGE
         counts = [(v.to_bytes(4, "big"), c) for v, c in zip(r.v4, r.v4_counts)]
         counts += [((hi << 64 | lo).to_bytes(16, "big"), c) for hi, lo, c in zip(r.v6_hi, v6_lo, r.v6_counts)]
         bans = tuple(BanNote(bytes(n.prefix), n.version, n.remaining_s, n.lifted) for n in r.bans)
@@ -337,8 +370,8 @@ def decode(data: bytes, key: bytes | None, cluster: str) -> Message | Reason:
     if isinstance(body, Reason):
         return body
     msg = _parse(body)
-    if msg is None:
-        return Reason.GARBAGE
+    if isinstance(msg, Reason):
+        return msg
     if msg.header.version != VERSION:
         return Reason.UNKNOWN_VERSION
     if msg.header.cluster != cluster:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from drl.agent.classes.spec import ClassRule
 from drl.agent.kernel.classify import compile_rules
 from drl.agent.estimator import Estimator
-from drl.agent import logs
+from drl.agent import logs, units
 from drl.agent.cluster.limits import LimitBook
 from drl.agent.model import Mode, Snapshot, Step
 
@@ -74,6 +74,13 @@ class ClassTable:
 
     def by_key(self, key: int) -> ClassRun | None:
         return self._by_key.get(key)
+
+    def signed(self, key: int) -> bool:
+        """Whether class ``key``'s peers may publish a value below 0 (the gossip core drops any
+        other negative value): only the GDRL family's, whose value is an indicator (spare
+        capacity, fill ratio) compared with ours, never summed as a weight or rate is."""
+        run = self._by_key.get(key)
+        return run is not None and hasattr(run.conf.allocator, "indicator")
 
     def get(self, name: str) -> ClassRun | None:
         return self._runs.get(name)
@@ -150,6 +157,27 @@ class StateFileError(Exception):
     """An allocator's saved state cannot be read; one line."""
 
 
+def _out_of_bounds(data: Any, key: str = "") -> str | None:
+    """``key: why`` for the first number in a saved state outside 0..MAX_AMOUNT (agent/units.py;
+    every number an allocator saves is a counter, an amount, a time or a gain), else None."""
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    else:
+        if isinstance(data, (int, float)) and not isinstance(data, bool):
+            try:
+                units.check_amount(data, key or "the state")
+            except units.UnitError as e:
+                return str(e)
+        return None
+    for k, v in items:
+        bad = _out_of_bounds(v, f"{key}.{k}" if key else str(k))
+        if bad is not None:
+            return bad
+    return None
+
+
 class StateFile:
     """A class's allocator state on disk, for allocators with dump_state/load_state (dqmp).
 
@@ -174,8 +202,16 @@ class StateFile:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise StateFileError(f"state file {self.path} is unreadable ({e}); remove it to start afresh") from None
+        try:
+            bad = _out_of_bounds(data)
+        except RecursionError:
+            bad = "nested too deep"
+        if bad is not None:       # a NaN holding, a negative counter: what it held is lost, not trusted
+            log.warning("state_refused", allocator=self.alloc.name, file=self.path, error=bad,
+                        action="starting afresh")
+            return None
         try:
             state = self.alloc.load_state(data)
         except (KeyError, TypeError, ValueError) as e:

@@ -208,6 +208,8 @@ class Agent:
         self._stack.callback(self._close, self.shaper)     # before dp's: the root qdisc comes back first
         self.table = ClassTable(self.dp, self.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
                                 max_classes=cfg.max_classes, founders=self.registry and self.registry.founders)
+        if (core := getattr(self.transport, "core", None)) is not None:    # peers' negative values: per class
+            core.signed = self.table.signed
         self.table.apply(cfg.classes, self._member_ids(), self.members.n_nodes)
         self.clients = ClientRules(self.dp, cfg.node_id)
         self.clients.apply(self.table, time.monotonic(), self.members.timeout_s, self.members.n_nodes)

@@ -1,10 +1,14 @@
 """Many classes in few datagrams: agent/gossip/wire.py pack() and the Batch codec."""
 from __future__ import annotations
 
+import math
 import struct
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from drl.agent import units
+from drl.agent.cluster.limits import Limit, LimitBook
 from drl.agent.gossip import drl_pb2
 from drl.agent.gossip.wire import (MAX_DATAGRAM, Batch, ClassValue, Header, LimitNote, Message, Reason, decode, encode,
                         pack)
@@ -15,8 +19,10 @@ HEADER = Header(cluster="drl", node="node-with-a-long-name", dst="receiver-node"
 
 f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 kbps = st.integers(0, 2**32 - 1).map(lambda k: 1000.0 * k)          # what the wire carries: whole kB/s
-values = st.builds(ClassValue, st.integers(0, 2**32 - 1), st.integers(1, 2**63), f32, st.integers(0, 2**63), kbps)
-notes = st.builds(LimitNote, st.integers(0, 2**32 - 1), st.integers(0, 2**63), st.floats(0, 1e15))
+versions = st.integers(0, units.MAX_VERSION - 1)                       # one more must still fit
+values = st.builds(ClassValue, st.integers(0, 2**32 - 1), st.integers(1, 2**63), f32, versions, kbps)
+notes = st.builds(LimitNote, st.integers(0, 2**32 - 1), st.integers(0, units.MAX_VERSION - 2),
+                  st.floats(units.MIN_RATE_Bps, units.MAX_RATE_Bps))
 
 
 def datagrams(vals, lims):
@@ -57,9 +63,26 @@ def test_a_batch_with_arrays_of_different_lengths_is_garbage(vals, drop):
     assert decode(dg.SerializeToString(), None, "drl") == Reason.GARBAGE
 
 
-def test_non_finite_values_and_negative_limits_are_garbage():
-    for batch in (Batch((ClassValue(1, 1, float("inf")),)), Batch((), (LimitNote(1, 1, -5.0),))):
-        assert decode(encode(Message(HEADER, batch), KEY), KEY, "drl") == Reason.GARBAGE
+@pytest.mark.parametrize("batch", [
+    Batch((ClassValue(1, 1, float("inf")),)), Batch((ClassValue(1, 1, float("nan")),)),
+    Batch((ClassValue(1, 1, 1.0, version=units.MAX_VERSION),)),
+    Batch((ClassValue(1, 1, 1.0, version=2**64 - 1),)),
+    Batch((), (LimitNote(1, 1, -5.0),)), Batch((), (LimitNote(1, 1, 0.0),)),
+    Batch((), (LimitNote(1, 1, 1e300),)), Batch((), (LimitNote(1, 1, float("inf")),)),
+    Batch((), (LimitNote(1, 1, float("nan")),)),
+    Batch((), (LimitNote(1, 2**64 - 1, 7.5e6),)),          # a forged top version, adopted for good before
+    Batch((), (LimitNote(1, units.MAX_VERSION, 7.5e6),)),
+    Batch((), (LimitNote(1, units.MAX_VERSION - 1, 7.5e6),)),   # a set after it would not fit
+], ids=["inf", "nan", "value-version-top", "value-version-max", "negative-limit", "zero-limit", "huge-limit",
+        "inf-limit", "nan-limit", "limit-version-max", "limit-version-top", "limit-version-last"])
+def test_values_and_limits_outside_their_bounds_are_out_of_range(batch):
+    assert decode(encode(Message(HEADER, batch), KEY), KEY, "drl") == Reason.OUT_OF_RANGE
+
+
+def test_limits_at_their_bounds_pass():
+    batch = Batch((ClassValue(1, 1, 1.0, version=units.MAX_VERSION - 1),),
+                  (LimitNote(1, units.MAX_VERSION - 2, units.MAX_RATE_Bps), LimitNote(2, 0, units.MIN_RATE_Bps)))
+    assert decode(encode(Message(HEADER, batch), KEY), KEY, "drl").payload == batch
 
 
 def test_local_limits_travel_as_kilobytes_rounded_up():
@@ -171,3 +194,65 @@ def test_a_long_lived_link_keeps_class_seqs_at_two_bytes():
         sent = a.publish({7: Outgoing(float(r))}, r)
     v = decode(sent[0][1], KEY, "c").payload.values[0]
     assert v.seq == 20_000 % 16_383
+
+
+# -- bounds the core judges: the sign of a class's value ---------------------------------------
+
+def test_a_negative_weight_is_dropped_and_counted_never_summed():
+    """One peer publishing -max(weights) gave FPS 2.04x its limit: a negative weight took from
+    the sum every peer's share is computed from."""
+    a, b = pair()
+    members = Membership("B", ["a"], 10.0)
+    honest = b.receive(a.publish({1: Outgoing(5e5)}, 0.0)[0][1], "a", 0.0)
+    members.observe(honest, 0.0)
+    forged = a.publish({1: Outgoing(-5e5)}, 0.1)
+    assert [b.receive(data, "a", 0.1) for _, data in forged] == [None]
+    assert b.stats.rejected == {"out_of_range": 1}
+    assert members.view(1, 0.1).remote_sum == 5e5
+
+
+def test_a_class_that_may_publish_below_0_gets_its_value():
+    a, b = pair()
+    b.signed = lambda key: key == 2              # a GDRL indicator: spare capacity, fill ratio
+    [(_, data)] = a.publish({2: Outgoing(-3.5)}, 0.0)
+    assert b.receive(data, "a", 0.0).payload.values[0].value == -3.5
+    [(_, data)] = a.publish({1: Outgoing(-3.5), 2: Outgoing(-4.0)}, 0.1)
+    assert b.receive(data, "a", 0.1) is None and b.stats.rejected == {"out_of_range": 1}
+
+
+_any_f32 = st.floats(width=32)
+_any_version = st.one_of(st.integers(0, 2**64 - 1), st.integers(units.MAX_VERSION - 3, units.MAX_VERSION + 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), _any_f32, _any_version), max_size=6),
+       st.lists(st.tuples(st.integers(1, 4), _any_version, st.floats()), max_size=3))
+def test_absurd_batch_numbers_never_raise_and_never_reach_membership_or_the_book(vals, lims):
+    """Whatever numbers an authenticated peer puts in a Batch, the receiver either drops the
+    datagram (counted) or every value it hands on is finite, not negative for a class that
+    may not publish one, at a version that can still be incremented, and every limit within
+    the rate bounds."""
+    body = drl_pb2.Datagram()
+    for name in ("cluster", "node", "seq", "incarnation", "sent_at"):
+        setattr(body.header, name, {"cluster": "c", "node": "A", "seq": 1, "incarnation": 1, "sent_at": 0.0}[name])
+    body.header.version = HEADER.version
+    body.batch.SetInParent()
+    for i, (key, value, version) in enumerate(vals):
+        body.batch.keys.append(key), body.batch.seqs.append(i + 1), body.batch.values.append(value)
+        body.batch.versions.append(version), body.batch.locals.append(0)
+    for key, version, rate in lims:
+        body.batch.limits.add(key=key, version=version, global_Bps=rate)
+    b = GossipCore("B", "c", None, ["a"], 3, 1, random.Random(2))
+    b.signed = lambda key: key == 4
+    rx = b.receive(body.SerializeToString(), "a", 0.0)
+    if rx is None:
+        assert sum(b.stats.rejected.values()) == 1
+        return
+    for v in rx.payload.values:
+        assert math.isfinite(v.value) and (v.value >= 0 or v.key == 4) and v.version < units.MAX_VERSION
+    book = LimitBook()
+    book.configure("c", 1e6)
+    for note in rx.payload.limits:
+        assert note.version + 1 < units.MAX_VERSION and units.MIN_RATE_Bps <= note.global_Bps <= units.MAX_RATE_Bps
+        book.merge("c", Limit(note.version, note.global_Bps))
+    assert book.set("c", 2e6).version <= units.MAX_VERSION - 1        # one more always fits

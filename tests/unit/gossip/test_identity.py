@@ -65,7 +65,7 @@ def test_a_foreign_id_from_a_named_peers_address_is_rejected_counted_and_changes
     assert hear(b, members, say(a, 100.0, 0.0), "a", 0.0) and hear(b, members, say(c, 200.0, 0.0), "c", 0.0)
     before = state(b, members, 0.1)
     forger = speaker("C", incarnation=2**50)           # C's id, a higher incarnation, a new limit
-    forged = say(forger, 2.0**40, 0.1, LimitNote(7, 99, 1.0))
+    forged = say(forger, 2.0**40, 0.1, LimitNote(7, 99, 1e6))
     assert hear(b, members, forged, "a", 0.1) is None  # from A's address
     assert b.stats.rejected == {"wrong_sender": 1}
     assert state(b, members, 0.1) == before            # no slot renamed, no value, window or incarnation touched

@@ -14,6 +14,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from drl.agent import units
 from drl.agent.clients.table import MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport
 from drl.agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 from drl.agent.gossip.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassClients, ClassValue, ClientReports, Header,
@@ -96,8 +97,8 @@ def authentic(body: bytes) -> bytes:
     (encode(Message(header(), update(1.0)), None), Reason.FORGED),
     (authentic(b"\xff\xff\xff"), Reason.GARBAGE),
     (authentic(b"\x1a\x00"), Reason.GARBAGE),
-    (encode(Message(header(), update(math.nan)), KEY), Reason.GARBAGE),
-    (encode(Message(header(), LeaseGrant(math.inf, 1.0, 1.0)), KEY), Reason.GARBAGE),
+    (encode(Message(header(), update(math.nan)), KEY), Reason.OUT_OF_RANGE),
+    (encode(Message(header(), LeaseGrant(math.inf, 1.0, 1.0)), KEY), Reason.OUT_OF_RANGE),
     (encode(Message(header(node=""), update(1.0)), KEY), Reason.GARBAGE),
     (encode(Message(header(seq=0), update(1.0)), KEY), Reason.GARBAGE),
     (encode(Message(header(version=1), update(1.0)), KEY), Reason.UNKNOWN_VERSION),
@@ -212,6 +213,11 @@ def test_the_longest_client_report_fits_one_datagram_behind_the_longest_header()
                   class_id=0)
     data = encode(Message(long, ClientReports((ClassClients(2**32 - 1, report),))), KEY)
     assert len(data) <= MAX_DATAGRAM
+    assert decode(data, KEY, "c" * 64) is Reason.OUT_OF_RANGE       # the longest encodings are beyond the bounds
+    report = ClientReport((32, 128), tuple((c, float(units.MAX_AMOUNT)) for c in v6),
+                          tuple(BanNote(bytes([0xFF] * 16), units.MAX_VERSION - 1, 3e8, True)
+                                for _ in range(MAX_BAN_NOTES)))
+    data = encode(Message(long, ClientReports((ClassClients(2**32 - 1, report),))), KEY)
     assert decode(data, KEY, "c" * 64).payload.reports[0].report.counts[0][0] == v6[0]
 
 
@@ -219,7 +225,7 @@ _client = st.one_of(st.binary(min_size=4, max_size=4), st.binary(min_size=16, ma
 _report = st.builds(
     lambda counts, bans: ClientReport((32, 128), tuple(counts), tuple(bans)),
     st.lists(st.tuples(_client, st.integers(0, 2**20).map(float)), max_size=REPORT_K),
-    st.lists(st.builds(BanNote, _client, st.integers(1, 2**64 - 1), st.integers(1, 2**20).map(float),
+    st.lists(st.builds(BanNote, _client, st.integers(1, units.MAX_VERSION - 1), st.integers(1, 2**20).map(float),
                        st.booleans()), max_size=MAX_BAN_NOTES))
 
 
@@ -238,3 +244,29 @@ def test_client_reports_are_packed_into_datagrams_that_fit_and_carry_each_report
     by_family = [ClassClients(e.key, ClientReport(e.report.lengths, tuple(sorted(e.report.counts,
                  key=lambda cv: len(cv[0]))), e.report.bans)) for e in entries]
     assert out == by_family
+
+
+@pytest.mark.parametrize("body", [
+    Transfer(7, -1e6, 3e6), Transfer(7, 1e6, -3e6), Transfer(7, math.nan, 0.0), TransferAck(7, True, -1.0),
+    LeaseRequest(-5e5), LeaseRequest(1e300), LeaseGrant(-4e5, 10.0, 2.5), LeaseGrant(1e300, 10.0, 2.5),
+    LeaseGrant(4e5, -10.0, 2.5), LeaseGrant(4e5, 1e300, 2.5), LeaseGrant(4e5, 10.0, math.inf),
+    Report(-1e9, 2e9), Report(1e9, -2e9), Report(1e300, 0.0),
+])
+def test_a_body_number_that_is_negative_or_beyond_its_ceiling_is_out_of_range(body):
+    assert decode(encode(Message(header(), body), KEY), KEY, CLUSTER) is Reason.OUT_OF_RANGE
+
+
+def _report_with(count: float = 1.0, version: int = 3, remaining_s: float = 59.5) -> ClientReports:
+    report = ClientReport((24, 64), ((bytes([198, 51, 100, 0]), count),),
+                          (BanNote(bytes([203, 0, 113, 0]), version, remaining_s),))
+    return ClientReports((ClassClients(7, report),))
+
+
+@pytest.mark.parametrize("payload", [
+    _report_with(count=-1.0), _report_with(count=math.inf), _report_with(count=1e20),
+    _report_with(version=units.MAX_VERSION), _report_with(version=2**64 - 1),     # an unban is one up: 2^64
+    _report_with(remaining_s=math.nan), _report_with(remaining_s=1e30),
+])
+def test_a_client_report_outside_its_bounds_is_out_of_range(payload):
+    assert decode(encode(Message(header(), payload), KEY), KEY, CLUSTER) is Reason.OUT_OF_RANGE
+    assert decode(encode(Message(header(), _report_with()), KEY), KEY, CLUSTER).payload == _report_with()
