@@ -21,7 +21,9 @@ REJECT_HINTS = {"forged": "every agent of the cluster needs the same --key-file"
                 "unknown_peer": "the sender is not in --peers (nor, with --registry, a member)",
                 "wrong_cluster": "the sender belongs to another cluster",
                 "unknown_version": "the sender runs another wire version of drl",
-                "wrong_sender": "the sender uses a node id bound to another address"}
+                "wrong_sender": "the sender uses a node id bound to another address",
+                "out_of_range": "an authenticated sender sent a value outside its bounds "
+                                "(docs/config.md \"Bounds\"): a bug or a misbehaving key holder"}
 
 
 class ChangeLog:
