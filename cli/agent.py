@@ -21,7 +21,8 @@ from click.core import ParameterSource
 from drl.agent import logs
 from drl.agent.config import schema
 from drl.agent.config.load import load_config
-from drl.agent.service.control import DEFAULT_SOCKET, ControlError, request
+from drl.agent.config.schema import DEFAULT_SOCKET
+from drl.agent.service.control import ControlError, request
 from drl.cli.params import MARK, envvars_by_flag, field_options, version_option
 
 __all__ = ["MARK", "load_config", "main", "up"]     # MARK, load_config: what tests reach through the CLI

@@ -18,7 +18,8 @@ import sys
 
 import click
 
-from drl.agent.service.control import DEFAULT_SOCKET, ControlError, request
+from drl.agent.config.schema import DEFAULT_SOCKET
+from drl.agent.service.control import ControlError, request
 from drl.agent.units import UnitError, format_rate, format_size, parse_rate
 from drl.cli.params import envvars_by_flag, version_option
 from drl.cli.top import top

@@ -173,13 +173,6 @@ def _duration(text: str, positive: bool) -> float:
     return seconds
 
 
-def _probability(text: str) -> float:
-    p = float(text)
-    if not 0.0 <= p <= 1.0:
-        raise OptionError(f"probability must be within 0..1: {text!r}")
-    return p
-
-
 def _mark(value: Any) -> int:
     if isinstance(value, bool):
         raise OptionError(f"{value!r} is not a number (decimal or 0x hex)")
@@ -195,9 +188,10 @@ def _mark(value: Any) -> int:
 RATE = Unit("rate", units.parse_rate)                           # '50mbit' -> bytes/s
 SIZE = Unit("size", units.parse_size)                           # '75KB' -> bytes
 DURATION = Unit("duration", lambda text: _duration(text, positive=True))    # '100ms' -> seconds, > 0
+INTERVAL = Unit("duration", units.parse_interval)               # the estimate interval: 10ms .. 10s
 SPAN = Unit("duration", lambda text: _duration(text, positive=False))       # '0s' too: a ban's extra time
 QUOTA = Unit("quota", units.parse_quota)                        # '10TB/30d' -> (bytes, seconds)
-PROBABILITY = Unit("probability", _probability)
+PROBABILITY = Unit("probability", units.parse_probability)
 CLIENT_KEY = Unit("client-key", clients.parse_client_key)       # 'dst/32', 'src/24/56'
 THRESHOLD = Unit("threshold", clients.parse_threshold)          # '2mbit' or '2000/1200s'
 PREFIX = Unit("prefix", clients.parse_prefix)                   # an address or CIDR prefix, either family
@@ -259,7 +253,7 @@ FIELDS: tuple[Field, ...] = (
           default="", joined=True),
     Field("key_file", "--key-file", FILE, "Cluster key (HMAC-SHA256) shared by all agents."),
     Field("insecure", "--insecure", FLAG, "Run without a cluster key: gossip is not authenticated."),
-    Field("interval_s", "--interval", DURATION, "Estimate interval.", default="100ms", show_default=True),
+    Field("interval_s", "--interval", INTERVAL, "Estimate interval.", default="100ms", show_default=True),
     Field("branching", "--branching", IntRange(lo=1), default=3, show_default=True,
           help="Gossip branching factor: peers updated per interval (>= peers = full mesh)."),
     Field("peer_timeout_s", "--peer-timeout", DURATION,

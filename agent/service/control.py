@@ -35,7 +35,6 @@ from typing import Callable
 
 from drl.agent import logs
 
-DEFAULT_SOCKET = "/run/drl/agent.sock"
 MAX_REQUEST = 4096
 CONN_TIMEOUT_S = 5.0        # a client that has not sent its request (or read its reply) by then is dropped
 MAX_CONNS = 16              # connections in progress; a new one beyond them closes the oldest
