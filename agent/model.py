@@ -85,6 +85,7 @@ class PeerView(NamedTuple):
     remote_sum: float                        # sum of alive peers' values; stale ones count 0
     n_alive: int                             # alive peers, self excluded
     reserved_Bps: float | None = None        # what stale peers' datapaths may still pass; None: 1/N each
+    unheard_by: int = 0                      # alive peers that say they no longer hear us (heard_cap)
 
     @property
     def n_nodes(self) -> int:
@@ -185,6 +186,20 @@ def effective_limit(snap: Snapshot) -> float:
     if view.reserved_Bps is not None:
         return max(0.0, snap.global_Bps - view.reserved_Bps)
     return snap.global_Bps * (1 + view.n_alive) / max(1, view.n_nodes)
+
+
+def heard_cap(d: Decision, view: PeerView, safe_Bps: float) -> Decision:
+    """The decision of a host that some alive peer says it no longer hears (gossip's echo,
+    agent/gossip/core.py): that peer counts it stale and reserves no more than the larger of
+    its last told limit and its safe rate for it (agent/gossip/membership.py may_still_pass),
+    so it may pass at most its safe rate, whatever it hears and its allocator decides.
+    Without that, one-way loss let the silent host take its full share beside the
+    reservation the others made for it."""
+    if not view.unheard_by or (d.mode == Mode.BUCKET and d.limit_Bps <= safe_Bps):
+        return d
+    limit = min(d.limit_Bps, safe_Bps) if d.mode == Mode.BUCKET else safe_Bps
+    return d._replace(mode=Mode.BUCKET, limit_Bps=limit, drop_probability=0.0,
+                      info={**d.info, "unheard_by": view.unheard_by})
 
 
 def ewma(previous: float | None, sample: float, weight: float) -> float:

@@ -42,6 +42,17 @@ Design ([Raghavan07] §3.1, §4.2):
 * Incarnations (:class:`~agent.lives.Lives`): a higher incarnation is a restart, but one that
   falls silent for ``timeout_s`` no longer shouts down the lower one still
   speaking, so a forged (or clock-skewed) jump cannot lock the real peer out.
+* Lives and echo.  Every datagram names the receiver's life as the sender last heard
+  it (``dst_incarnation``; 0 before it has heard any) and how long ago the sender last
+  heard the receiver (``dst_heard_ms``).  A datagram naming another life of ours is
+  dropped (``other_life``): a restarted agent accepts nothing sent to its previous
+  life, so a capture replayed into it after the restart is refused although its replay
+  windows started over.  A capture can only be of datagrams naming a life: what a peer
+  sends before it has heard us names none, and says it has never heard us, which holds
+  us to our safe rate (next point) for as long as it is all we get from that peer.
+  The echo tells a host whether its peers hear it: one that a peer no longer counts
+  alive is held to its safe rate (model.heard_cap), the most that peer reserves for
+  it, however well it hears the peer (one-way loss).
 * Bounds.  wire.py drops a datagram with any number outside its bounds
   (agent/units.py); the sign of a class's published value is judged here, where
   the owner says which classes may publish below 0 (``signed``, by class key:
@@ -78,6 +89,7 @@ CLASS_SEQS = 16383      # a class's per-link sequence numbers run 1..16383 and w
 REPEATS = 3             # a quiet class's unchanged value goes to every peer this many times, then rests
 REFRESH_ROUNDS = 100    # ... and once more every this many rounds, in case every repeat was lost
 ANNOUNCE_ROUNDS = 3     # a limit changed here goes to every peer in this many rounds
+HEARD_MS_MAX = 2**32 - 1   # dst_heard_ms for a peer never counted alive (and the most it says: 49 days)
 
 _new_tuple = tuple.__new__
 
@@ -412,7 +424,8 @@ class GossipCore:
     def _room(self, addr: Addr) -> int:
         """Bytes a Batch may take in a datagram to ``addr``: what its header and tag leave."""
         header = Header(cluster=self.cluster, node=self.node_id, dst=self._node_at.get(addr, ""),
-                        seq=2**64 - 1, sent_at=1.0, incarnation=self.incarnation)
+                        seq=2**64 - 1, sent_at=1.0, incarnation=self.incarnation,
+                        dst_incarnation=2**64 - 1, dst_heard_ms=HEARD_MS_MAX)
         return MAX_DATAGRAM - len(encode(Message(header, Batch()), self.key))
 
     def route(self, env: Envelope, class_id: int, now: float) -> tuple[Addr, bytes] | None:
@@ -421,15 +434,20 @@ class GossipCore:
         if addr is None:
             self.stats.unroutable += 1
             return None
-        lives = self._lives.get(env.dst)
-        return addr, self._datagram(addr, class_id, env.body, now, (lives and lives.current) or 0)
+        return addr, self._datagram(addr, class_id, env.body, now)
 
-    def _datagram(self, addr: Addr, class_id: int, payload: Payload, now: float, dst_incarnation: int = 0) -> bytes:
+    def _datagram(self, addr: Addr, class_id: int, payload: Payload, now: float) -> bytes:
+        """One datagram to ``addr``, naming its life as we last heard it and how long ago we last
+        counted it alive (the handshake and the echo of the module docstring)."""
         seq = self._seq.get(addr, 0) + 1
         self._seq[addr] = seq
-        header = Header(cluster=self.cluster, node=self.node_id, dst=self._node_at.get(addr, ""),
-                        class_id=class_id, seq=seq, sent_at=now, incarnation=self.incarnation,
-                        dst_incarnation=dst_incarnation)
+        node = self._node_at.get(addr, "")
+        lives = self._lives.get(node)
+        heard = self._heard.get(addr)
+        heard_ms = HEARD_MS_MAX if heard is None else min(HEARD_MS_MAX, round((now - heard) * 1000))
+        header = Header(cluster=self.cluster, node=self.node_id, dst=node, class_id=class_id, seq=seq,
+                        sent_at=now, incarnation=self.incarnation,
+                        dst_incarnation=(lives and lives.current) or 0, dst_heard_ms=max(0, heard_ms))
         data = encode(Message(header, payload), self.key)
         self.stats.count_sent(len(data), now)
         return data
@@ -449,8 +467,9 @@ class GossipCore:
         if h.dst and h.dst != self.node_id:
             return self.reject(Reason.WRONG_DST)
         if h.dst_incarnation and h.dst_incarnation != self.incarnation:
-            # a transfer (or its retransmission) to the life before our restart: crediting it
-            # to this life would count capacity twice (docs/allocators.md "Rejoin")
+            # addressed to our life before a restart: a replay of what was sent to it, or a
+            # peer that has not heard this life yet (our next datagram tells it).  A transfer
+            # credited to this life would count capacity twice (docs/allocators.md "Rejoin")
             return self.reject(Reason.OTHER_LIFE)
         if not self._may_speak(h.node, addr, now):      # before the window: a wrong id touches nothing
             return self.reject(Reason.WRONG_SENDER)

@@ -64,6 +64,7 @@ class _Slot:
     last_seen: float = -math.inf
     lost: int = 0
     values: dict[int, tuple[int, float, float]] = field(default_factory=dict)   # class -> (seq, value, local)
+    heard_us_s: float = math.inf    # how long before its last datagram it had last heard us (its echo)
 
     def name(self) -> str:
         return self.node_id or "?" + format_addr(self.addr)
@@ -169,6 +170,8 @@ class Membership:
             slot = self._claim(rx.addr, h.node)
         if h.incarnation != slot.incarnation:
             slot.incarnation, slot.values = h.incarnation, {}
+        if now >= slot.last_seen:
+            slot.heard_us_s = h.dst_heard_ms / 1000 if h.dst_incarnation else math.inf
         slot.last_seen = max(slot.last_seen, now)
         slot.lost += rx.gap
         if isinstance(rx.payload, Batch):
@@ -194,7 +197,7 @@ class Membership:
         """The allocator's view of ``class_id``: stale peers count 0 and are not in n_alive.
         With ``safe_Bps`` (the class's fail-safe rate) the view also reserves what every
         stale peer's datapath may still pass (:meth:`may_still_pass`)."""
-        rows, members, n_alive, sums, stale = self._rows(now)
+        rows, members, n_alive, sums, stale, unheard = self._rows(now)
         reserved = None
         if safe_Bps is not None:
             heard = [now - age for _, age in stale if age < math.inf]     # a peer never heard: ours now
@@ -202,7 +205,7 @@ class Membership:
             reserved = sum(self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now,
                                                _safe_since(history, now - age - self.timeout_s))
                            for values, age in stale) if stale else 0.0
-        return PeerView(members, _Peers(rows, class_id), sums.get(class_id, 0.0), n_alive, reserved)
+        return PeerView(members, _Peers(rows, class_id), sums.get(class_id, 0.0), n_alive, reserved, unheard)
 
     def _safe_history(self, class_id: int, now: float, safe_Bps: float, last_seen: list[float]) -> list:
         """The class's safe rate from ``now`` on, noted after the ones before: a stale peer's
@@ -219,27 +222,28 @@ class Membership:
         return history
 
     def may_still_pass(self, local_Bps: float | None, last_seen: float, now: float, safe_Bps: float) -> float:
-        """What a silent peer's datapath may pass now: the local limit it last told us until
-        its fail-safe can have started, then the larger of that and the safe rate, and the
-        safe rate once its fail-safe has surely started (bpf/limiter.c policy_of).  Its last
+        """What a silent peer's datapath may pass now: the larger of the local limit it last
+        told us and the safe rate until its fail-safe has surely started (bpf/limiter.c
+        policy_of), then the safe rate.  Not less than the safe rate before: a silent peer
+        may be alive and unheard, holding itself to the safe rate (model.heard_cap).  Its last
         config write is within ``slack_s`` of the last datagram we had from it, so its
         fail-safe starts within failsafe_s +- slack_s of that.  A peer never heard, or that
         never told us this class's limit, is counted at the safe rate.  ``safe_Bps``: the
         largest the peer can have had since it was last heard (view, _safe_since)."""
         if local_Bps is None or last_seen == -math.inf:
             return safe_Bps
-        since = now - last_seen
-        if since < self.failsafe_s - self.slack_s:
-            return local_Bps
-        if since < self.failsafe_s + self.slack_s:
+        if now - last_seen < self.failsafe_s + self.slack_s:
+            # at least the safe rate: it may be alive and not heard (one-way loss), holding
+            # itself to the safe rate from when it learns we do not hear it (model.heard_cap)
             return max(local_Bps, safe_Bps)
         return safe_Bps
 
-    def _rows(self, now: float) -> tuple[dict, tuple[str, ...], int, dict, list]:
+    def _rows(self, now: float) -> tuple[dict, tuple[str, ...], int, dict, list, int]:
         """At ``now``, worked out once for all the classes a tick views at one instant:
         {name: (name, values, alive, age, incarnation)} of every slot, the sorted member ids, the alive
         count, every class's sum over the alive peers (one pass over what they published,
-        not a pass over the peers per class), and the stale peers' (values, age)."""
+        not a pass over the peers per class), the stale peers' (values, age), and how many
+        alive peers said they had not heard us for longer than the liveness timeout."""
         if self._rows_at is None or self._rows_at[0] != now:
             every = {addr: (slot.name(), slot.values, self._alive(slot, now), now - slot.last_seen,
                             slot.incarnation) for addr, slot in self._slots.items()}
@@ -251,15 +255,19 @@ class Membership:
                     for key, (_, value, _) in values.items():
                         sums[key] = sums.get(key, 0.0) + value
             stale = [(values, age) for _, values, alive, age, _ in every.values() if not alive]
+            unheard = sum(1 for addr, slot in self._slots.items()
+                          if every[addr][2] and slot.heard_us_s > self.timeout_s)
             self._rows_at = (now, (rows, tuple(sorted([self.node_id, *rows])),
-                                   sum(row[2] for row in rows.values()), sums, stale))
+                                   sum(row[2] for row in rows.values()), sums, stale, unheard))
         return self._rows_at[1]
 
     def status(self, now: float) -> list[dict]:
         """One row per peer for drlctl status: node_id, address, state (alive, stale, or lost:
-        gone from the registry unannounced and silent, see set_peers), last_seen_s, lost."""
+        gone from the registry unannounced and silent, see set_peers), last_seen_s, lost, and
+        hears_us: alive and its last datagram said it had heard us within the liveness timeout."""
         return [{"node_id": slot.name(), "address": format_addr(slot.addr),
                  "state": "alive" if self._alive(slot, now) else "lost" if addr in self._lost else "stale",
                  "last_seen_s": None if slot.last_seen == -math.inf else now - slot.last_seen,
-                 "incarnation": slot.incarnation, "lost": slot.lost}
+                 "incarnation": slot.incarnation, "lost": slot.lost,
+                 "hears_us": self._alive(slot, now) and slot.heard_us_s <= self.timeout_s}
                 for addr, slot in self._slots.items()]

@@ -46,7 +46,7 @@ from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, Tr
 # 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one
 # as the other, so they refuse each other's datagrams); 2: every class's value in a Batch (1: one
 # Update datagram per class)
-VERSION = 3
+VERSION = 4
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
 MIN_KEY_BYTES = 16
@@ -68,7 +68,7 @@ class Reason(str, enum.Enum):
     WRONG_DST = "wrong_dst"            # addressed to another node id (cross-link replay)
     WRONG_SENDER = "wrong_sender"      # node id not bound to its source address (gossip.py: identity)
     OLD_INCARNATION = "old_incarnation"  # from a previous life of a restarted peer
-    OTHER_LIFE = "other_life"          # a point-to-point message meant for our previous life
+    OTHER_LIFE = "other_life"          # addressed to our life before a restart (core.receive)
     REPLAYED = "replayed"              # sequence number already seen or left of the window
     QUEUE_FULL = "queue_full"          # receive queue full this poll
 
@@ -83,6 +83,7 @@ class Header:
     class_id: int = 0
     dst: str = ""
     dst_incarnation: int = 0
+    dst_heard_ms: int = 0
     version: int = VERSION
 
 

@@ -56,7 +56,7 @@ from drl.agent.gossip.wire import Batch, ClientReports
 from drl.agent.kernel.datapath import Counters, Datapath, DatapathError, now_ns
 from drl.agent.kernel.interface import DatapathPort
 from drl.agent.kernel.shaper import Shaper
-from drl.agent.model import SLOW_START_Bps, Decision, Mode, Snapshot
+from drl.agent.model import SLOW_START_Bps, Decision, Mode, Snapshot, heard_cap
 from drl.agent.service import commands
 from drl.agent.service.change_log import ChangeLog
 from drl.agent.service.class_table import Changes, ClassRun, ClassTable, StateFileError
@@ -412,6 +412,7 @@ class Agent:
         run.inbox = []
         step = run.conf.allocator.step(run.state, snap)
         run.state = step.state
+        step = step._replace(decision=heard_cap(step.decision, view, safe_Bps))   # one-way loss
         self._enforce(run, step.decision, safe_Bps)
         if run.statefile:
             run.statefile.save(run.state)   # before the outbox: a restored node sent nothing it forgot

@@ -136,6 +136,24 @@ def test_replays_and_bad_sources_are_rejected_and_counted():
     assert b.stats.received == 1
 
 
+def test_a_capture_replayed_into_a_restarted_peer_is_refused_and_the_echo_says_who_hears_whom():
+    """Datagrams name the receiver's life; a restarted receiver (a new incarnation, its replay
+    windows empty) refuses everything sent to its previous one, values and transfers alike."""
+    net = Net(2)
+    a, b = net.cores["a"], net.cores["b"]
+    net.deliver("b", b.publish({}, 0.0))                 # a hears B: its datagrams name B's life
+    capture = [data for _, data in a.publish(vals({1: 9.0}), 0.5)]
+    assert [rx.header.dst_incarnation for rx in net.deliver("a", [("b", d) for d in capture], 0.5)] == [1]
+    net.cores["b"] = b2 = net.core("b", incarnation=2)    # b restarts
+    assert [b2.receive(d, "a", 1.0) for d in capture] == [None]
+    assert dict(b2.stats.rejected) == {"other_life": 1} and b2.stats.received == 0
+    # a has not heard B's new life: it names none, and says it has not heard b for 1.5 s
+    rx = net.deliver("b", b2.publish({}, 1.5), 1.5)[0]    # b2's datagram: never heard a
+    assert rx.header.dst_incarnation == 0 and rx.header.dst_heard_ms == 2**32 - 1
+    fresh = net.deliver("a", a.publish(vals({1: 9.0}), 2.0), 2.0)[0]
+    assert fresh.header.dst_incarnation == 2 and fresh.header.dst_heard_ms == 500 and values_of(fresh) == [(1, 9.0)]
+
+
 def test_wrong_key_changes_nothing():
     net = Net(2)
     intruder = GossipCore("A", "c", b"w" * 32, ["b"], 1, 1)

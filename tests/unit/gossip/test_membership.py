@@ -2,6 +2,7 @@
 restarts, newest-wins updates, and the drlctl status rows."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -113,7 +114,7 @@ def test_status_rows(m):
     m.observe(Peer(PEERS[1], "n3").rx(1.0, gap=2), 1.0)
     rows = m.status(1.5)
     assert rows[1] == {"node_id": "n3", "address": "10.0.0.3:7000", "state": "stale",
-                       "last_seen_s": 0.5, "incarnation": 1, "lost": 2}
+                       "last_seen_s": 0.5, "incarnation": 1, "lost": 2, "hears_us": False}
     assert rows[0]["state"] == "stale" and rows[0]["last_seen_s"] is None
     assert m.status(1.2)[1]["state"] == "alive"
 
@@ -154,17 +155,19 @@ def test_a_lower_incarnation_gossip_accepts_again_replaces_the_higher_ones_value
 
 # -- the stale rule counts what a silent peer's datapath may still pass -----------------------
 
-def test_a_silent_peer_counts_its_last_local_limit_until_its_fail_safe_then_the_safe_rate():
+def test_a_silent_peer_counts_its_last_local_limit_or_more_until_its_fail_safe_then_the_safe_rate():
     m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
     n2, n3 = Peer(PEERS[0], "n2"), Peer(PEERS[1], "n3")
-    m.observe(n2.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=900_000.0),))), 0.0)
+    m.observe(n2.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=600_000.0),))), 0.0)
     m.observe(n3.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=100_000.0),))), 0.0)
     safe = GLOBAL_BPS / 3                                          # 400 kB/s
     def reserved(t):
         return m.view(1, t, safe_Bps=safe).reserved_Bps
     assert reserved(0.2) == 0.0                                    # both alive
-    assert reserved(1.0) == 900_000 + 100_000                      # stale: what they may still pass
-    assert reserved(1.8) == 900_000 + safe                         # either side of a fail-safe: the larger
+    # stale: what they may still pass, the safe rate at least (alive and unheard, each holds
+    # itself to it: model.heard_cap)
+    assert reserved(1.0) == 600_000 + safe
+    assert reserved(1.8) == 600_000 + safe                         # either side of a fail-safe: the larger
     assert reserved(2.4) == 2 * safe                               # fail-safes surely on
     snap = Snapshot(now=1.0, node_id="n1", interval_s=0.1, global_Bps=GLOBAL_BPS,
                     local=Local(demand_Bps=0.0), view=m.view(1, 1.0, safe_Bps=safe))
@@ -225,7 +228,7 @@ def test_a_joining_peer_is_a_fresh_stale_slot_and_the_others_keep_theirs():
     assert view.n_nodes == 4 == m.n_nodes and view.members == ("n1", "n2", "n3", "n4")
     assert view.remote_sum == 100.0 and view.n_alive == 1 and not view.peers["n4"].alive
     assert m.status(0.1)[0] == {"node_id": "n2", "address": "10.0.0.2:7000", "state": "alive",
-                                "last_seen_s": 0.1, "incarnation": 5, "lost": 2}
+                                "last_seen_s": 0.1, "incarnation": 5, "lost": 2, "hears_us": False}
     m.observe(Peer(C, "n4").rx(50.0), 0.2)
     assert m.view(1, 0.2).remote_sum == 150.0 and m.view(1, 0.2).n_alive == 2
 
@@ -355,3 +358,28 @@ def test_runtime_peer_changes_match_a_brute_force_recomputation(events):
             members, n_nodes, n_alive, total = brute_force(log, now, class_id)
             assert (view.members, view.n_nodes, view.n_alive) == (members, n_nodes, n_alive)
             assert view.remote_sum == pytest.approx(total)
+
+
+def test_a_peer_that_says_it_does_not_hear_us_is_counted_in_unheard_by():
+    """Its echo (dst_heard_ms) past the liveness timeout: it counts us stale, so we are held
+    to our safe rate (model.heard_cap) however well we hear it; one that never heard us
+    (no life of ours named) counts too, one that heard us lately does not."""
+    m = Membership("n1", PEERS[:2], timeout_s=0.3)
+    n2, n3 = Peer(PEERS[0], "n2"), Peer(PEERS[1], "n3")
+
+    def rx(peer, heard_ms, incarnation=9):
+        r = peer.rx(1.0)
+        return dataclasses.replace(r, header=dataclasses.replace(r.header, dst_incarnation=incarnation,
+                                                                 dst_heard_ms=heard_ms))
+
+    m.observe(rx(n2, 100), 0.0)
+    m.observe(rx(n3, 100), 0.0)
+    assert m.view(1, 0.1).unheard_by == 0
+    m.observe(rx(n2, 400), 0.2)                          # n2 has not heard us for 0.4 s > 0.3
+    assert m.view(1, 0.2).unheard_by == 1
+    m.observe(rx(n3, 0, incarnation=0), 0.2)             # n3 names no life of ours: never heard us
+    assert m.view(1, 0.2).unheard_by == 2
+    m.observe(rx(n2, 50), 0.3)
+    assert m.view(1, 0.3).unheard_by == 1
+    assert m.view(1, 0.9).unheard_by == 0                # stale peers are not asked: the stale rule covers them
+

@@ -20,7 +20,7 @@ from drl.cli.agent import up
 from drl.cli.ctl import render, render_set
 from drl.lab.etcd import Etcd
 
-from daemon_harness import (CLASS_ID, DEFAULT, TWO, FakeDatapath, agent, config, file_agent,
+from daemon_harness import (CLASS_ID, DEFAULT, TWO, FakeDatapath, FakeShaper, agent, config, file_agent,
                             published, rules_of, values)
 
 
@@ -145,6 +145,35 @@ def test_fps_agent_divides_the_limit_by_the_weights_it_hears(tmp_path):
         assert mode == Mode.BUCKET and weights[-2] > 0
         assert settings["rate_Bps"] == pytest.approx(1e6 * weights[-2] / (weights[-2] + 3.0))
         assert published(a.transport)[-1] == pytest.approx(weights[-1], rel=1e-6)   # a 32-bit float
+
+
+def test_a_host_its_peer_does_not_hear_holds_itself_to_its_safe_rate(tmp_path):
+    """One-way loss: we hear b, b does not hear us (its echo says so), so b counts us stale at
+    our safe rate: whatever FPS gives us, we pass at most that, until b hears us again."""
+    cfg = config(tmp_path, "--global", "8mbit", "--allocator", "fps", "--peers", "b@10.0.0.2:7470")
+    dp = FakeDatapath()
+    peer = GossipCore("b", CLUSTER, None, PeerList([cfg.listen]), 1, incarnation=1)
+    safe = 1e6 / 2
+    with agent(cfg, dp) as a:
+        def round_trip(b_hears_us):
+            now = time.monotonic()          # receive() and tick() on one clock: b stays alive
+            if b_hears_us:
+                for _, data in a.transport.sent:
+                    peer.receive(data, cfg.listen, now)
+            a.transport.sent.clear()
+            a.transport.arrive(peer.publish(values({DEFAULT: 0.05}), now), B)
+            a.receive()
+            dp.send(300_000)                # ~3 MB/s at these 0.1-s ticks: more than the limit
+            a.tick(now)
+            time.sleep(0.1)
+            return dp.classes[CLASS_ID][1]["rate_Bps"], a.status()["allocator_state"]
+        for _ in range(10):
+            rate, state = round_trip(b_hears_us=False)
+        assert state["remote_weights"] == pytest.approx(0.05, rel=1e-6) and state["share_bps"] / 8 > 1.5 * safe
+        assert rate == safe and state["unheard_by"] == 1
+        for _ in range(3):
+            rate, state = round_trip(b_hears_us=True)
+        assert rate == pytest.approx(state["share_bps"] / 8) and rate > 1.5 * safe and "unheard_by" not in state
 
 
 def test_status_has_the_documented_keys_before_and_after_a_tick(tmp_path):
@@ -294,7 +323,7 @@ def test_newer_limits_from_peers_win_and_a_peer_behind_is_told(tmp_path):
 def test_a_lone_agent_has_no_socket_and_no_key(tmp_path):
     cfg = config(tmp_path, "--global", "10mbit", "--peers", "")
     assert cfg.standalone
-    with Agent(cfg, datapath=lambda cfg, gossip_port: FakeDatapath()) as a:
+    with Agent(cfg, datapath=lambda cfg, gossip_port: FakeDatapath(), shaper=FakeShaper) as a:
         assert a.transport.sock is None and a.status()["listen"] is None
         a.tick(time.monotonic())
         assert a.status()["local_limit_bps"] == 10e6
