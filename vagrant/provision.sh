@@ -4,24 +4,28 @@
 # runs one) and the traffic servers (if it is the sink) as systemd services.
 set -eu
 
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -qy python3-venv python3-bpfcc iperf3 ethtool iproute2 "linux-headers-$(uname -r)"
-[ -d /opt/drl ] || python3 -m venv --system-site-packages /opt/drl
-# The core install (no extra): the agent, drlctl, and drl.lab.web for the web
-# traffic, which needs only the standard library; numpy and matplotlib
-# (drl[lab], drl[sim]) serve the lab's metrics and plots, which VMs do not run.
-# /drl is an rsync copy: drop a build/ synced from the host so no stale file
-# reaches the install.
-rm -rf /drl/build
-/opt/drl/bin/pip install -q /drl
-# sudo's secure_path has /usr/local/bin; login shells get the venv's python3
-# for the traffic commands (python3 -m drl.lab.web ...).
-ln -sf /opt/drl/bin/drl-agent /opt/drl/bin/drlctl /usr/local/bin/
-echo 'PATH=/opt/drl/bin:$PATH' > /etc/profile.d/drl.sh
+# A box from scripts/build-box.sh has all of this (and no network to fetch it with).
+if [ ! -e /etc/drl-box.json ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -qy python3-venv python3-bpfcc iperf3 ethtool iproute2 "linux-headers-$(uname -r)"
+    [ -d /opt/drl ] || python3 -m venv --system-site-packages /opt/drl
+    # The core install (no extra): the agent, drlctl, and drl.lab.web for the web
+    # traffic, which needs only the standard library; numpy and matplotlib
+    # (drl[lab], drl[sim]) serve the lab's metrics and plots, which VMs do not run.
+    # /drl is an rsync copy: drop a build/ synced from the host so no stale file
+    # reaches the install.
+    rm -rf /drl/build
+    /opt/drl/bin/pip install -q /drl
+    # sudo's secure_path has /usr/local/bin; login shells get the venv's python3
+    # for the traffic commands (python3 -m drl.lab.web ...).
+    ln -sf /opt/drl/bin/drl-agent /opt/drl/bin/drlctl /usr/local/bin/
+    echo 'PATH=/opt/drl/bin:$PATH' > /etc/profile.d/drl.sh
+fi
 install -d /var/tmp/drl
 install -d -m 0700 /etc/drl
-install -m 0600 /drl/vagrant/.vagrant/drl-cluster.key /etc/drl/cluster.key
+install -m 0600 /tmp/drl-cluster.key /etc/drl/cluster.key
+rm -f /tmp/drl-cluster.key
 
 iface_of() {  # the NIC that carries address $1
     ip -o -4 addr show | awk -v a="$1" '{split($4, p, "/"); if (p[1] == a) print $2}'
@@ -56,7 +60,8 @@ done
 
 if [ -n "${DRL_AGENT_ARGS}" ]; then
     dev=$(iface_of "${DRL_AGENT_IFACE_ADDR}")
-    args=$(printf '%s' "${DRL_AGENT_ARGS}" | sed "s/{iface}/${dev}/; s|^drl-agent |/opt/drl/bin/drl-agent |")
+    # Shellwords.join (the Vagrantfile) writes the placeholder as \{iface\}
+    args=$(printf '%s' "${DRL_AGENT_ARGS}" | sed "s/\\\\{iface\\\\}/${dev}/; s/{iface}/${dev}/; s|^drl-agent |/opt/drl/bin/drl-agent |")
     cat > /etc/systemd/system/drl-agent.service <<UNIT
 [Unit]
 Description=drl agent (distributed rate limiter)
