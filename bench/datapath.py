@@ -26,14 +26,24 @@ Parts, each measured side by side in one run (never against an old number):
             no program, 64-byte UDP / 1 TCP / 16 TCP flows (bench/per_packet.py);
             goal <= 150 ns at 16 flows, within 60 ns of trivial, UDP rate >= 0.96.
   attribution  BPF_PROG_TEST_RUN of the limiter built without parts (bench/per_packet.py).
+  mix       which enforcement is the default: at 20 Mbit/s of h2's egress, 2 bulk curl downloads
+            and 150 fetches of 10 KB (ab -c 1) from nginx on h2, a ping every 50 ms, for drl
+            police, drl shape and tbf one after the other: fetch latency p50/p99, TCP
+            retransmissions on the sender, bulk goodput, ping loss.
+  outside   64-byte UDP outside every class, an agent in shape and in police mode over no agent,
+            rounds alternating; goal >= 0.95.
+  roots     a root qdisc the interface had (mq, tbf, pfifo_fast, ...) on a veth of 2 tx queues:
+            what shape mode makes of it and whether it comes back.
 The limiter counts L2 frame bytes like tbf (skb wire length); see bpf/limiter.c.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -43,12 +53,13 @@ from pathlib import Path
 from drl.agent.kernel.datapath import Datapath, DatapathError, default_burst
 from drl.agent.model import Mode
 from drl.agent.kernel.shaper import Shaper, shape_burst
+from drl.lab.agents import Cluster
 from drl.lab.errors import LabError
 from drl.lab.netns import Lab
 from drl.lab.topology import new_run, pair
-from drl.lab.traffic import iperf3, iperf3_server
+from drl.lab.traffic import client_argv, iperf3, iperf3_server
 
-import per_packet   # bench/per_packet.py: parts packet and attribution (issue 20 item 1)
+import per_packet   # bench/per_packet.py: parts packet and attribution
 
 RATES_MBIT = (10, 50, 200)
 FLOWS = (1, 4, 16)
@@ -146,7 +157,7 @@ def part_depth(net, srv, seconds: float, rate_mbit: float = 50, flows: int = 4) 
     return rows
 
 
-# -- shape mode (issue 20 item 2) ---------------------------------------------------------
+# -- shape mode -----------------------------------------------------------------------
 
 WEB_RATE_BPS = 30e6
 WEB_FILE_BYTES = 100 * 1024
@@ -235,8 +246,7 @@ def per_gbit(cpu_s: float, got) -> float:
 
 def part_highrate(net, srv, seconds: float, rounds: int = 2) -> list[dict]:
     """1 and 5 Gbit/s, 4 TCP flows: goodput, retransmissions and CPU per delivered Gbit
-    through drl police, drl shape, tbf and htb, modes alternating round by round (issue 20
-    item 4; goal: shape's sender CPU per Gbit within 1.5x tbf's).  Two CPU figures: iperf3's
+    through drl police, drl shape, tbf and htb, modes alternating round by round (goal: shape's sender CPU per Gbit within 1.5x tbf's).  Two CPU figures: iperf3's
     own (user + system of the sending process; softirq work such as retransmission timers
     is not in it) and the machine's busy time (/proc/stat: sender, receiver, softirqs)."""
     h1, rows = net.hosts[0], []
@@ -275,47 +285,237 @@ def ab_run(client, url: str, concurrency: int, requests: int) -> dict:
     return {"p50_ms": pct[50], "p99_ms": pct[99], "max_ms": pct[100], "mean_ms": mean, "failed": failed}
 
 
-def part_web(net, srv, seconds: float, concurrency: int = 20, requests: int = 2000) -> list[dict]:
-    """ab through 30 Mbit/s of the server's egress: drl police, drl shape, tbf."""
-    h1, h2 = net.hosts
-    # nginx's TCP runs CC too (as iperf3's -C): a host route with congctl (the sysctl is refused in a netns)
-    h2.run("ip", "route", "add", f"{h1.addr4}/32", "dev", "eth0", "congctl", CC)
-    rows = []
+@contextlib.contextmanager
+def nginx_on(server, client, files: dict[str, int]):
+    """nginx on ``server`` serving ``files`` (name -> size; sparse), answering ``client``;
+    yields the base URL.  Its TCP runs CC too (as iperf3's -C): a host route to the client
+    with congctl (the sysctl is refused in a netns)."""
+    server.run("ip", "route", "replace", f"{client.addr4}/32", "dev", "eth0", "congctl", CC)
     with tempfile.TemporaryDirectory(prefix="drl-web-") as tmp:
         www = Path(tmp, "www")
         www.mkdir()
-        (www / "100k.bin").write_bytes(bytes(WEB_FILE_BYTES))
+        for name, size in files.items():
+            with open(www / name, "wb") as f:
+                f.truncate(size)
         conf = Path(tmp, "nginx.conf")
-        conf.write_text(NGINX_CONF.format(dir=tmp, addr=h2.addr4))
-        nginx = h2.popen("nginx", "-c", str(conf), log=Path(tmp, "nginx.out"))
-        url = f"http://{h2.addr4}:8080/100k.bin"
+        conf.write_text(NGINX_CONF.format(dir=tmp, addr=server.addr4))
+        nginx = server.popen("nginx", "-c", str(conf), log=Path(tmp, "nginx.out"))
+        base = f"http://{server.addr4}:8080"
         for _ in range(50):                        # until nginx answers
             try:
-                h1.run("ab", "-q", "-n", "1", url)
+                client.run("ab", "-q", "-n", "1", f"{base}/{next(iter(files))}")
                 break
             except LabError:
                 time.sleep(0.1)
         try:
-            for how in ("police", "shape", "tbf"):
-                with limited(h2, how, WEB_RATE_BPS) as drops:
-                    d0, r0 = drops(), retransmitted(h2)
-                    row = {"mode": how, **ab_run(h1, url, concurrency, requests)}
-                    row.update(drops=drops() - d0, retransmitted=retransmitted(h2) - r0)
-                rows.append(row)
-                say(f"web {how:>6}: p50 {row['p50_ms']:6.0f} ms  p99 {row['p99_ms']:6.0f} ms  "
-                    f"max {row['max_ms']:6.0f} ms  mean {row['mean_ms']:6.0f} ms  failed {row['failed']}  "
-                    f"drops {row['drops']}  retransmitted {row['retransmitted']}")
+            yield base
         finally:
             nginx.terminate()
             nginx.wait(timeout=10)
+
+
+def part_web(net, srv, seconds: float, concurrency: int = 20, requests: int = 2000) -> list[dict]:
+    """ab through 30 Mbit/s of the server's egress: drl police, drl shape, tbf."""
+    h1, h2 = net.hosts
+    rows = []
+    with nginx_on(h2, h1, {"100k.bin": WEB_FILE_BYTES}) as base:
+        url = f"{base}/100k.bin"
+        for how in ("police", "shape", "tbf"):
+            with limited(h2, how, WEB_RATE_BPS) as drops:
+                d0, r0 = drops(), retransmitted(h2)
+                row = {"mode": how, **ab_run(h1, url, concurrency, requests)}
+                row.update(drops=drops() - d0, retransmitted=retransmitted(h2) - r0)
+            rows.append(row)
+            say(f"web {how:>6}: p50 {row['p50_ms']:6.0f} ms  p99 {row['p99_ms']:6.0f} ms  "
+                f"max {row['max_ms']:6.0f} ms  mean {row['mean_ms']:6.0f} ms  failed {row['failed']}  "
+                f"drops {row['drops']}  retransmitted {row['retransmitted']}")
     tbf = next(r for r in rows if r["mode"] == "tbf")
     for r in rows:
         say(f"web {r['mode']:>6}: p99 / tbf's {r['p99_ms'] / tbf['p99_ms']:.2f} (goal for shape <= 1.2)")
     return rows
 
 
+# -- which mode is the default: small fetches next to bulk downloads, the cost to traffic
+# outside every class, and what becomes of the interface's root qdisc ----------------------
+
+MIX_RATE_BPS = 20e6
+MIX_BULK = 2                     # bulk downloads, each of a file larger than the run can fetch
+MIX_FETCHES, MIX_FETCH_BYTES = 150, 10 * 1024
+MIX_BULK_S = 24                  # the fetches start MIX_LEAD_S into the bulk downloads
+MIX_LEAD_S = 3
+
+
+def ping_stats(out: str) -> dict:
+    loss = float(re.search(r"([\d.]+)% packet loss", out).group(1))
+    rtt = re.search(r"= [\d.]+/([\d.]+)/([\d.]+)/", out)
+    return {"ping_loss_pct": loss, "ping_avg_ms": float(rtt.group(1)) if rtt else None,
+            "ping_max_ms": float(rtt.group(2)) if rtt else None}
+
+
+def part_mix(net, srv, seconds: float) -> list[dict]:
+    """police, shape and tbf one after the other at 20 Mbit/s of h2's egress: MIX_BULK curl
+    downloads from nginx on h2 and, MIX_LEAD_S into them, ``ab -c 1`` of MIX_FETCHES files of
+    10 KB from the same nginx and a ping every 50 ms: fetch latency, TCP retransmitted segments
+    on the sender (nstat in h2's netns), bulk goodput, ping loss and RTT."""
+    h1, h2 = net.hosts
+    rows = []
+    files = {"10k.bin": MIX_FETCH_BYTES, "bulk.bin": 1 << 30}
+    with nginx_on(h2, h1, files) as base:
+        for how in ("police", "shape", "tbf"):
+            with limited(h2, how, MIX_RATE_BPS) as drops:
+                d0, r0 = drops(), retransmitted(h2)
+                bulk = [h1.popen("curl", "-s", "-o", "/dev/null", "--max-time", str(MIX_BULK_S),
+                                 "-w", "%{size_download}", f"{base}/bulk.bin", capture=True)
+                        for _ in range(MIX_BULK)]
+                time.sleep(MIX_LEAD_S)
+                ping = h1.popen("ping", "-q", "-i", "0.05", "-w", str(MIX_BULK_S - 2 * MIX_LEAD_S), h2.addr4,
+                                capture=True)
+                row = {"mode": how, **ab_run(h1, f"{base}/10k.bin", 1, MIX_FETCHES)}
+                row.update(ping_stats(ping.communicate(timeout=60)[0]))
+                got = [int(p.communicate(timeout=MIX_BULK_S + 30)[0] or 0) for p in bulk]
+                row.update(bulk_mbit=sum(got) * 8 / MIX_BULK_S / 1e6, drops=drops() - d0,
+                           retransmitted=retransmitted(h2) - r0)
+            rows.append(row)
+            say(f"mix {how:>6}: fetch p50 {row['p50_ms']:6.1f} ms  p99 {row['p99_ms']:7.1f} ms  "
+                f"max {row['max_ms']:7.1f} ms  failed {row['failed']}  retransmitted {row['retransmitted']:6}  "
+                f"drops {row['drops']:6}  bulk {row['bulk_mbit']:5.2f} Mbit/s  ping loss {row['ping_loss_pct']:.1f} %  "
+                f"avg {row['ping_avg_ms']} ms  max {row['ping_max_ms']} ms")
+    return rows
+
+
+OUTSIDE_CLASS = "dport=8080,proto=tcp"      # the agent's one class: the UDP below is outside it
+
+
+OUTSIDE_MODES = ("none", "pfifo_fast", "htb", "police", "shape")
+
+
+@contextlib.contextmanager
+def outside_mode(net, tmp: str, how: str):
+    """h1's eth0 as ``how``: no agent (noqueue, a veth's root), no agent over a pfifo_fast root
+    (what a NIC's queues have), our HTB tree alone (a Shaper with one class, no program), or an
+    agent in police or shape mode whose one class the UDP is outside of."""
+    h1 = net.hosts[0]
+    if how == "none":
+        yield
+    elif how == "pfifo_fast":
+        h1.run("tc", "qdisc", "add", "dev", "eth0", "root", "pfifo_fast")
+        try:
+            yield
+        finally:
+            h1.run("tc", "qdisc", "del", "dev", "eth0", "root")
+    elif how == "htb":
+        shaper = Shaper("eth0", netns=h1.ns)
+        try:
+            if not shaper.set_rate(0, MIX_RATE_BPS / 8):
+                raise LabError("could not install the HTB tree (see the log line above)")
+            yield
+        finally:
+            shaper.close()
+    else:
+        agent = Cluster(net, Path(tmp)).start(h1, [], "static", "20mbit", "--class", OUTSIDE_CLASS, "--enforce", how)
+        try:
+            agent.wait_for(lambda s: s["ticks"] >= 2, 10)
+            root = h1.run("tc", "qdisc", "show", "dev", "eth0").splitlines()[0]
+            if ("htb d1d1:" in root) != (how == "shape"):
+                raise LabError(f"{how}: unexpected root qdisc {root!r}")
+            yield
+        finally:
+            agent.kill(signal.SIGTERM)
+
+
+def part_outside(net, srv, seconds: float, rounds: int = 4) -> dict:
+    """64-byte UDP from h1 (iperf3, pinned to CPU 0) outside every class for each of
+    OUTSIDE_MODES, rounds alternating the order; ratios of the median packet rates over no
+    agent's (goal >= 0.95 for the default mode).  In shape mode the UDP goes through HTB's
+    default class and its root lock; pfifo_fast and htb alone say how much of that is a
+    qdisc at all and how much the program."""
+    h1 = net.hosts[0]
+    rates: dict[str, list[float]] = {how: [] for how in OUTSIDE_MODES}
+    cpu_ns: dict[str, list[float]] = {how: [] for how in OUTSIDE_MODES}
+    with tempfile.TemporaryDirectory(prefix="drl-outside-") as tmp:
+        for r in range(rounds):
+            for how in OUTSIDE_MODES if r % 2 == 0 else OUTSIDE_MODES[::-1]:
+                with outside_mode(net, tmp, how):
+                    packets, run_s, cpu_s = udp64(h1, srv, int(seconds))
+                rates[how].append(packets / run_s)
+                cpu_ns[how].append(cpu_s / packets * 1e9)
+                say(f"outside round {r + 1}/{rounds} {how:>10}: {rates[how][-1] / 1e3:7.1f} k packets/s  "
+                    f"{cpu_ns[how][-1]:6.0f} ns of sender CPU a packet")
+    med = {how: statistics.median(v) for how, v in rates.items()}
+    ns = {how: statistics.median(v) for how, v in cpu_ns.items()}
+    # the sender's CPU per packet is the robust figure on a shared machine: its rate moves with
+    # what else runs, its CPU time per packet much less; rate ratio = none's ns / the mode's
+    out = {"rates": rates, "cpu_ns": cpu_ns, "rate_ratios": {how: med[how] / med["none"] for how in OUTSIDE_MODES},
+           "cpu_ratios": {how: ns["none"] / ns[how] for how in OUTSIDE_MODES}}
+    for what in ("rate_ratios", "cpu_ratios"):
+        say(f"outside {what} (over no agent's; goal >= 0.95): " +
+            "  ".join(f"{how} {ratio:.3f}" for how, ratio in out[what].items()))
+    say(f"outside: sender ns a packet, medians: " + "  ".join(f"{how} {v:.0f}" for how, v in ns.items()))
+    return out
+
+
+def udp64(host, srv, seconds: int) -> tuple[int, float, float]:
+    """iperf3's 64-byte UDP at full speed from ``host``, pinned to CPU 0: datagrams sent, the
+    run's seconds and the CPU seconds the sending process used (user + system)."""
+    proc = host.popen(*client_argv(srv.addr, srv.port, seconds, 1, "-J", udp_bps=0, length=22), cpu=0,
+                      capture=True)
+    out, err = proc.communicate(timeout=seconds + 60)
+    report = json.loads(out or "{}")
+    if proc.returncode or "error" in report:
+        raise LabError(f"iperf3 failed: {report.get('error') or err.strip()}")
+    end = report["end"]
+    return end["sum"]["packets"], end["sum"]["seconds"], end["cpu_utilization_percent"]["host_total"] / 100 * \
+        end["sum"]["seconds"]
+
+
+# root qdiscs a user may have, as `tc qdisc add dev IF root ...` (this kernel has no fq_codel/fq)
+ROOTS = {"noqueue (veth default)": None, "mq": ["mq"], "mq handle 1:": ["handle", "1:", "mq"],
+         "tbf": ["handle", "5:", "tbf", "rate", "200mbit", "burst", "200kb", "latency", "20ms"],
+         "pfifo_fast": ["pfifo_fast"], "htb (a user's, no classes)": ["handle", "7:", "htb", "default", "1"]}
+
+
+def qdisc_lines(host, dev: str) -> list[str]:
+    return sorted(re.sub(r" refcnt \d+", "", line).strip()
+                  for line in host.run("tc", "qdisc", "show", "dev", dev).splitlines() if line.strip())
+
+
+def part_roots(net, srv, seconds: float) -> list[dict]:
+    """What shape mode does to a root qdisc the interface had, and what it puts back, on a veth
+    of 2 tx and 2 rx queues in h1's netns: for each of ROOTS, the qdiscs before, while a
+    Shaper shapes one class, and after it closes."""
+    h1, rows = net.hosts[0], []
+    h1.run("ip", "link", "add", "mqa", "numtxqueues", "2", "numrxqueues", "2", "type", "veth", "peer", "name",
+           "mqb", "numtxqueues", "2", "numrxqueues", "2")
+    try:
+        h1.run("ip", "link", "set", "mqa", "up")
+        h1.run("ip", "link", "set", "mqb", "up")
+        for name, args in ROOTS.items():
+            if args:
+                h1.run("tc", "qdisc", "add", "dev", "mqa", "root", *args)
+            before = qdisc_lines(h1, "mqa")
+            shaper = Shaper("mqa", netns=h1.ns)
+            try:
+                prio = shaper.set_rate(0, MIX_RATE_BPS / 8)
+                during = qdisc_lines(h1, "mqa")
+            finally:
+                shaper.close()
+            after = qdisc_lines(h1, "mqa")
+            row = {"root": name, "before": before, "shaped": bool(prio), "during": during, "after": after,
+                   "restored": after == before}
+            rows.append(row)
+            say(f"roots {name}: before {before}")
+            say(f"      shaped {row['shaped']}, during {[l for l in during if ' root ' in l]}; "
+                f"restored {row['restored']}" + ("" if row["restored"] else f": after {after}"))
+            with contextlib.suppress(LabError):          # noqueue cannot be deleted
+                h1.run("tc", "qdisc", "del", "dev", "mqa", "root")
+    finally:
+        h1.run("ip", "link", "del", "mqa")
+    return rows
+
+
 PARTS = {"overhead": part_overhead, "cost": part_cost, "goodput": part_goodput, "depth": part_depth}
-PARTS.update(shape=part_shape, web=part_web, highrate=part_highrate)
+PARTS.update(shape=part_shape, web=part_web, highrate=part_highrate, mix=part_mix, outside=part_outside,
+             roots=part_roots)
 PARTS.update(packet=lambda net, srv, seconds: per_packet.part_packet(net, srv, seconds, **PACKET_OPTIONS),
              attribution=lambda net, srv, seconds: per_packet.part_attribution(
                  net, srv, seconds, rounds=PACKET_OPTIONS["rounds"] + 2, before=PACKET_OPTIONS["before"]))
