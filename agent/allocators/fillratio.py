@@ -43,3 +43,4 @@ from .gdrl import Gdrl
 class FillRatio(Gdrl):
     name: ClassVar[str] = "fillratio"
     indicator: str = "fillratio"
+    equal_bias: float = 0.0     # [Ramsden] eq. 1 exactly: S_i/D_i equal, no tie-break (gdrl.py "Indicators")

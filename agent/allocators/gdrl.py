@@ -29,12 +29,40 @@ Indicators (:data:`INDICATORS`) must decrease as capacity grows (Assumption 1):
 * ``spare``: q = demand - C_i, eq. 14 (the paper's "spare bandwidth"; it is
   the negative of the spare capacity, which is what makes it decreasing);
 * ``drop``: q = max(0, demand - C_i) / demand, the share a bucket at C_i drops;
-* ``fillratio``: q = -C_i / demand, [Ramsden] eq. 1 (negated).
+* ``fillratio``: q = -C_i / demand, [Ramsden] eq. 1 (negated); the default.
 
-``slope_i`` = -dC_i/dq_i (1 for ``spare``, demand for the others) turns the
+Why not the paper's ``spare``: Assumption 1 wants q_i = f_i(C_i) for a fixed
+demand, and the arrivals a limiter measures are fixed only for open-loop
+traffic.  TCP behind a policer arrives at what its limit passes plus what is
+dropped, more the harder it is squeezed, so a host's spare q = arrivals - C
+followed its capacity: on three hosts with identical TCP load the holder's q
+(16.4 Mbit/s arriving at a 12 Mbit/s limit: +4.4) stayed above the starved
+ones' (0.6 arriving at 0: +0.6), and one limiter kept all 12 Mbit/s for good.
+With the fill ratio a starved host shows 0, the best possible, and the holder
+-0.73, and the ratios are what one central bucket would make equal (it
+passes C * d_i / sum d, the same C_i/d_i at every host).  ``spare`` stays for
+open-loop demand (the simulator's [Stanojevic09] §III runs).
+
+When the arrivals follow the limit the ratio hardly changes with C either
+(C_i/d_i = 1 - loss), so a ratio indicator alone lets identical hosts drift
+apart at random.  ``equal_bias`` (0.3; 0 = off, as ``fillratio`` the allocator
+keeps [Ramsden] exact) adds -equal_bias * C_i / (C/N) to a ratio indicator:
+where demand cannot tell hosts apart the one with less capacity gets more.  It
+moves an open-loop allocation a little towards the equal split (demands 2/8/6
+at 12: 1.92/5.52/4.57 instead of 1.5/6/4.5).  Three hosts with 4 TCP flows each
+behind a 12 Mbit/s limit (tests/kernel/test_allocators.py) held limits within
+2 % of each other with it and the per-second eta below.
+
+``slope_i`` = -dC_i/dq_i (1 for ``spare``, demand for the others, less with
+``equal_bias``) turns the
 indicator difference back into B/s, so eq. 15's bound eta <= 1/(2d) holds for
 every indicator.  ``eta`` defaults to 1/(2d) (Theorem 1, the paper's choice
-eta = 1/4 on the ring); a larger eta raises :class:`EtaAboveBoundError` unless
+eta = 1/4 on the ring) per second: a tick of dt < 1 s steps dt x 1/(2d).  The
+paper updates every few seconds, from estimates over as long (§IV "Communication
+delays"); our ticks are 100 ms apart on a 1-second EWMA, and ten full steps per
+estimate made three hosts' limits under TCP swing by up to 15 % (kernel test)
+where 1/(2d) per second kept them within 2 %.  An eta given explicitly is a
+step per tick.  A larger eta raises :class:`EtaAboveBoundError` unless
 ``force_eta`` is set, in which case ``info["warning"]`` says so.
 
 Membership follows the PeerView every tick (transfer.follow_members); what
@@ -63,7 +91,9 @@ each change does, with ``sum C_i + in flight == C`` kept throughout:
   ``dead_after_s``) and returns it as an acknowledged endowment return
   (transfer.return_endowments), with the shares of the members down behind
   it, whose best friend it is again; the rejoiner credits up to that amount.
-  Until the return is applied the sum is below C, never above.
+  Until the return is applied the sum is below C, never above.  A share
+  nobody holds (every node restarted at once) comes back by asking: see
+  ``_whole_restart``.
   docs/allocators.md lists the double faults that lose a share (below C).
 
 Restart or first start?  A node cannot tell from the network whether the
@@ -73,7 +103,8 @@ node's own saved state: the agent writes ``dump_state`` to its state
 directory every tick and, on start, gives a saved state to ``load_state``
 (agent/service/class_table.py StateFile); ``load_state`` returns a *rejoiner*.  No saved
 state and ``join=False``: a founder.  So a cluster started afresh must start
-with empty state directories, and a node added later is started with ``join``.
+with empty state directories, and a node added later is started with ``join``;
+a cluster restarted as a whole gets its shares back from ``_whole_restart``.
 """
 from __future__ import annotations
 
@@ -82,14 +113,21 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
-from drl.agent.model import Decision, Envelope, Mode, Snapshot, Step
+from drl.agent.model import Decision, Envelope, Mode, Report, Snapshot, Step
 from .common import ParameterError, check_range
 from .graph import Graph
-from .transfer import (Ledger, claim_endowments, follow_members, heir_watch, is_alive, link_info, owed_amount,
-                       receive, retransmit, return_endowments, send, settle_failed, share, start_elsewhere)
+from .transfer import (Ledger, claim_endowments, follow_members, heir, heir_watch, is_alive, link_info,
+                       owed_amount, receive, retransmit, return_endowments, send, settle_failed, share,
+                       start_elsewhere)
 
 
 PARTS = 10**9       # C in ledger units: 12.5 B/s a part at 100 Gbit/s, finer below
+# A rejoiner asks its best friend for its share; a best friend that holds none of it says
+# so ("Rejoin" in the module docstring).  Both are a Report with consumed=0 (no return),
+# told apart by ``free``.
+ASK_SHARE, NOTHING_HELD = 1.0, 2.0
+# The default eta, 1/(2d), is a step per ETA_PER_S of ticks (module docstring, "eta").
+ETA_PER_S = 1.0
 
 
 class EtaAboveBoundError(ParameterError):
@@ -118,6 +156,8 @@ class DiffusionState:
     rounds: int = 0
     rejoined: bool = False          # restarted from a saved state: its share comes back as a return
     returned: int = 0               # of that share, what has come back so far
+    known_lives: frozenset[str] = frozenset()   # members whose earlier life this one saw end
+    started_elsewhere: frozenset[str] = frozenset()   # members down behind us when we started
 
 
 @dataclass(frozen=True)
@@ -126,7 +166,7 @@ class Gdrl:
     needs_member_ids: ClassVar[bool] = True    # state depends on who the members are
     genesis_shares: ClassVar[bool] = True      # founders take C/N: every node must start from one list
     eta: float | None = None            # None: 1/(2d), [Stanojevic09] eq. 15
-    indicator: str = "spare"
+    indicator: str = "fillratio"       # not the paper's "spare": see "Indicators" in the module docstring
     graph: str = "ring"
     degree: int = 2
     seed: int = 0
@@ -135,12 +175,14 @@ class Gdrl:
     dead_after_s: float = 30.0
     min_demand_Bps: float = 1000.0      # demand floor for the ratio indicators
     join: bool = False
+    equal_bias: float = 0.3             # ratio indicators: -equal_bias * C_i / (C/N) added ("Indicators")
 
     def __post_init__(self) -> None:
         if self.indicator not in INDICATORS:
             raise ParameterError(f"indicator must be one of {', '.join(INDICATORS)}, got {self.indicator!r}")
         check_range("dead_after_s", self.dead_after_s, 0.0, float("inf"))
         check_range("min_demand_Bps", self.min_demand_Bps, 0.0, float("inf"), low_open=True)
+        check_range("equal_bias", self.equal_bias, 0.0, 1.0)
         if self.eta is not None:
             check_range("eta", self.eta, 0.0, 1.0, low_open=True)
         self._topology()  # a bad graph is refused when built, not at the first tick
@@ -197,11 +239,18 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     total = PARTS
     part_Bps = max(0.0, snap.global_Bps) / PARTS     # what one part is worth now
     founder = not state.rejoined and state.node_id in state.genesis
-    led = state.ledger or _first_ledger(state, founder, total, snap, alloc.dead_after_s)
+    if state.ledger is None:
+        led = _first_ledger(state, founder, total, snap, alloc.dead_after_s)
+        state = dataclasses.replace(state, started_elsewhere=led.elsewhere)
+    else:
+        led = state.ledger
     watch = heir_watch(state.genesis, state.node_id, snap.view, alloc.dead_after_s)
     led, churn = follow_members(led, snap.view, watch)
+    if churn.restarted or churn.back:
+        state = dataclasses.replace(state, known_lives=state.known_lives | churn.restarted | churn.back)
     led, acks, returned = receive(led, snap.inbox)
     state, led = _credit_return(state, led, returned, total)
+    state, led, answers = _whole_restart(alloc, state, led, snap, total)
     led = settle_failed(led, snap.view, alloc.dead_after_s)
     led = claim_endowments(led, state.node_id, state.genesis, total, snap.view, alloc.dead_after_s,
                            restarted=churn.restarted)
@@ -212,15 +261,26 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
     # A share we owe a member that came back is set aside: not enforced, not given away,
     # and our indicator shows its absence, so the neighbours fill it up and we can pay.
     reserved = owed_amount(led, state.genesis, total, snap.view, alloc.dead_after_s)
-    q_own = ind.value(demand, (led.holding - reserved) * part_Bps)
+    capacity_Bps = (led.holding - reserved) * part_Bps
+    q_own = ind.value(demand, capacity_Bps)
+    slope = ind.slope(demand)
+    bias = alloc.equal_bias if alloc.indicator != "spare" else 0.0
+    fair_Bps = max(0.0, snap.global_Bps) / max(1, snap.view.n_nodes)
+    if bias > 0.0 and fair_Bps > 0.0:
+        # the tie-break of "Indicators": -dq/dC grows by bias / fair, so slope shrinks to keep
+        # eta * slope * dq/dC under eq. 15's bound
+        q_own -= bias * capacity_Bps / fair_Bps
+        slope = 1.0 / (1.0 / slope + bias / fair_Bps)
     neighbours = sorted((set(state.neighbours) | set(led.links)) - led.closed)
     # joiners open links to us beyond the graph's degree: eta stays under 1/(2d) of the
     # degree we have now (eq. 15), or a node many joined would give away more than it holds
     eta = state.eta if alloc.force_eta else min(state.eta, _bound(len(neighbours)))
-    out: list[Envelope] = list(acks) + list(returns)
+    if alloc.eta is None:
+        eta *= min(1.0, snap.interval_s / ETA_PER_S)
+    out: list[Envelope] = list(acks) + list(returns) + answers
     sent_to = []
     for peer in neighbours:
-        amount = _pairwise_amount(led.holding - reserved, snap, peer, q_own, eta * ind.slope(demand), part_Bps)
+        amount = _pairwise_amount(led.holding - reserved, snap, peer, q_own, eta * slope, part_Bps)
         if amount > 0 or (state.rounds == 0 and not founder):  # a (re)joiner's hello opens the link
             led, env = send(led, peer, amount)
             out.append(env)
@@ -248,6 +308,36 @@ def _first_ledger(state: DiffusionState, founder: bool, total: int, snap: Snapsh
         return Ledger(holding=share(total, state.genesis, state.node_id), reports_in_net=False)
     return start_elsewhere(Ledger(holding=0, reports_in_net=False), state.genesis, state.node_id, snap.view,
                            dead_after_s)
+
+
+def _whole_restart(alloc: Gdrl, state: DiffusionState, led: Ledger, snap: Snapshot,
+                   total: int) -> tuple[DiffusionState, Ledger, list[Envelope]]:
+    """A share nobody holds: after a restart of every node (or of a node and its best friend)
+    no live node inherited the rejoiners' shares, and they would wait for returns nobody
+    owes (the whole class held 1 % of its limit).  A rejoiner still short of its share asks
+    its best friend every tick; a best friend that never claimed it, never saw an earlier
+    life of it (it would have claimed that life's share, and returns it as usual) and did
+    not start with it down behind (then its own best friend may hold it) answers that it
+    holds nothing of it, and the rejoiner takes its share (with those it found down behind
+    it) itself.  A return arriving later is dropped by _credit_return's cap: below C,
+    never above."""
+    genesis, me, dead = state.genesis, state.node_id, alloc.dead_after_s
+    out: list[Envelope] = []
+    for env in snap.inbox:
+        body = env.body
+        if not isinstance(body, Report) or body.consumed != 0 or env.src not in genesis:
+            continue
+        if body.free == ASK_SHARE and heir(genesis, env.src, snap.view, dead, me) == me \
+                and env.src not in led.claimed | led.owed | state.known_lives | state.started_elsewhere:
+            out.append(Envelope(Report(consumed=0, free=NOTHING_HELD), dst=env.src))
+        elif body.free == NOTHING_HELD and state.rejoined and env.src == heir(genesis, me, snap.view, dead, me):
+            expected = sum(share(total, genesis, m) for m in {me} | led.elsewhere)
+            state, led = _credit_return(state, led, expected - state.returned, total)
+    if state.rejoined and state.returned < sum(share(total, genesis, m) for m in {me} | led.elsewhere):
+        friend = heir(genesis, me, snap.view, dead, me)
+        if friend not in (None, me):
+            out.append(Envelope(Report(consumed=0, free=ASK_SHARE), dst=friend))
+    return state, led, out
 
 
 def _credit_return(state: DiffusionState, led: Ledger, returned: int,

@@ -294,6 +294,19 @@ def predecessors(genesis: tuple[str, ...], node_id: str) -> Iterator[str]:
     return (genesis[(k - step) % n] for step in range(1, n))
 
 
+def heir(genesis: tuple[str, ...], node_id: str, view: PeerView, dead_after_s: float, me: str) -> str | None:
+    """Who holds ``node_id``'s share while it is down, as ``me`` sees the members: the first
+    member after it in ring order that is up (its best friend); ``me`` is up."""
+    if node_id not in genesis:
+        return None
+    k, n = genesis.index(node_id), len(genesis)
+    for step in range(1, n):
+        m = genesis[(k + step) % n]
+        if m == me or not is_down(view, m, dead_after_s):
+            return m
+    return None
+
+
 def down_run(genesis: tuple[str, ...], node_id: str, view: PeerView, dead_after_s: float,
              restarted: Iterable[str] = ()) -> tuple[list[str], str | None]:
     """Our predecessors that are down (or whose old life just ended), nearest first,

@@ -17,7 +17,7 @@ MEMBERS = [f"n{i:02d}" for i in range(N)]
 
 
 def _paper_net(**net_kw):
-    net = Net(create("gdrl", eta=0.25), MEMBERS, CAPACITY, **net_kw)
+    net = Net(create("gdrl", eta=0.25, indicator="spare"), MEMBERS, CAPACITY, **net_kw)
     for member, lam in zip(MEMBERS, LAMBDA):
         net.local[member] = Local(demand_Bps=lam)
     return net
@@ -115,7 +115,7 @@ def test_regular_graph_of_100_converges():
     """[Stanojevic09] §III-C: random d-regular graphs at eta = 1/(2d) converge as well."""
     members = [f"n{i:03d}" for i in range(100)]
     lam = {m: (i + 1) / 101 * SCALE for i, m in enumerate(members)}
-    net = Net(create("gdrl", graph="regular", degree=4, seed=1), members, 1.1 * sum(lam.values()))
+    net = Net(create("gdrl", graph="regular", degree=4, seed=1, indicator="spare"), members, 1.1 * sum(lam.values()))
     for m in members:
         net.local[m] = Local(demand_Bps=lam[m])
     net.run(120)
