@@ -32,6 +32,9 @@ from drl.agent.gossip.wire import KeyFileError, load_key
 # enough that a dead agent's host stops using a share it no longer owns.
 FAILSAFE_INTERVALS = 20
 FAILSAFE_MIN_S = 2.0
+# Configs of more classes than this police the classes that do not choose (default_police_reason):
+# a shaped class costs ~1 ms of netlink per rate change, and 32 changes fit a 100 ms tick
+SHAPE_DEFAULT_MAX = 32
 
 
 class ConfigError(Exception):
@@ -57,6 +60,7 @@ class ClassConf:
     shadow: bool = False              # count what the limit would drop, drop nothing (docs/config.md "Shadow mode")
     enforce: str = "police"           # police (drop) or shape (queue in HTB, agent/kernel/shaper.py; docs/config.md "Shaping mode")
     client: ClientRule | None = None  # per-client throttle or ban (docs/clients.md); None = none
+    policed_by_default: str = ""      # why the default policed it rather than shaped (default_police_reason); "" = not so
 
     @functools.cached_property
     def key(self) -> int:
@@ -154,7 +158,8 @@ def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]],
     """Each class's options -> ClassConf, checked; raises ConfigError naming the class."""
     if len(classes) > max_classes:
         raise ConfigError(f"{len(classes)} classes, at most {max_classes} (--max-classes)")
-    confs = tuple(_class(opts["node_id"], c, peers, opts["interval_s"]) for c in classes)
+    police_only = default_police_reason(classes)
+    confs = tuple(_class(opts["node_id"], c, peers, opts["interval_s"], police_only) for c in classes)
     keys: dict[int, str] = {}
     for c in confs:
         if keys.setdefault(c.key, c.name) != c.name:
@@ -166,7 +171,37 @@ def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]],
     return confs
 
 
-def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...], interval_s: float) -> ClassConf:
+def default_police_reason(classes: Sequence[Mapping[str, Any]]) -> str:
+    """Why the classes that do not choose are policed rather than shaped ("" = they are shaped).
+
+    Shaping puts HTB at the interface's root, and every packet goes through it: traffic outside
+    every class paid ~20 % of its 64-byte packet rate for that (bench/RESULTS.md "Police or
+    shape"), so the default shapes only where there is no such traffic, when a class matches
+    all IP (no ``match``, or ``all``).  And a shaped class costs ~1 ms of netlink per rate
+    change (agent/kernel/shaper.py): past SHAPE_DEFAULT_MAX classes a tick would not keep up."""
+    if len(classes) > SHAPE_DEFAULT_MAX:
+        return f"more than {SHAPE_DEFAULT_MAX} classes"
+    if not any(_matches_all(c.get("class_specs") or ()) for c in classes):
+        return "traffic outside every class"
+    return ""
+
+
+def _matches_all(specs) -> bool:
+    try:
+        return not specs or ClassRule() in parse_classes(specs)
+    except ClassSpecError:          # refused with its class's name by _class
+        return False
+
+
+def default_enforce(allocator: Allocator, quota) -> str:
+    """A class's enforcement when none is given (and default_police_reason has none): shape (a
+    queue at the local limit: no retransmissions, no loss, BBR's flows share it; docs/datapath.md
+    "Police or shape"), except where only dropping can enforce: grd's random drop and a quota."""
+    return "police" if allocator.name == "grd" or quota else "shape"
+
+
+def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...], interval_s: float,
+           police_only: str = "") -> ClassConf:
     where = "" if c["name"] == "default" else f"class {c['name']!r}: "
     if c.get("global_Bps") is None:
         raise ConfigError(f"{where}missing global limit (--global RATE)")
@@ -178,7 +213,7 @@ def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...], interval
         allocator = _allocator(node_id, c, peers)
     except ConfigError as e:
         raise ConfigError(f"{where}{e}") from None
-    enforce = c.get("enforce") or "police"
+    enforce = c.get("enforce") or ("police" if police_only else default_enforce(allocator, c.get("quota")))
     if enforce == "shape" and (allocator.name == "grd" or c.get("quota")):
         what = "random drop (allocator grd)" if allocator.name == "grd" else "a volume quota"
         raise ConfigError(f"{where}enforce = shape cannot enforce {what}: it queues at a rate; use enforce = police")
@@ -188,7 +223,8 @@ def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...], interval
         raise ConfigError(f"{where}{e}") from None
     return ClassConf(name=c["name"], global_Bps=c["global_Bps"], allocator=allocator, rules=rules,
                      burst_bytes=c["burst_bytes"], safe_Bps=c["safe_Bps"], ewma=c["ewma"], flow_ewma=c["flow_ewma"],
-                     shadow=bool(c.get("shadow")), enforce=enforce, client=client)
+                     shadow=bool(c.get("shadow")), enforce=enforce, client=client,
+                     policed_by_default=police_only if not c.get("enforce") and police_only else "")
 
 
 def _client_rule(c: Mapping[str, Any], interval_s: float) -> ClientRule | None:

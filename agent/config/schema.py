@@ -288,9 +288,12 @@ FIELDS: tuple[Field, ...] = (
     Field("shadow", "--shadow", FLAG, scope=CLASS,
           help="Shadow mode for every class: count what the limits would drop (dropped_*), drop nothing "
                "(per class: shadow = true in --config; docs/config.md)."),
-    Field("enforce", "--enforce", Choice(["police", "shape"]), scope=CLASS, default="police", show_default=True,
-          help="How every class's local limit is enforced: police (drop what exceeds it) or shape (queue "
-               "it in an HTB class at that rate) (per class: enforce = \"shape\" in --config; docs/config.md)."),
+    # no default here: it depends on the class's allocator and on the other classes (build.py
+    # default_enforce, default_police_reason), so an explicit shape with grd is refused and the default never is
+    Field("enforce", "--enforce", Choice(["police", "shape"]), scope=CLASS,
+          help="How every class's local limit is enforced: shape (queue it in an HTB class at that rate) or "
+               "police (drop what exceeds it) [default: shape when a class matches all IP traffic; police for "
+               "grd, volume quotas, traffic left outside every class or more than 32 classes; docs/config.md]."),
     Field("client_key", "--client-key", CLIENT_KEY, scope=CLASS, key="client",
           help=_PER_CLIENT + "who a client is, dst/LEN or dst/LEN4/LEN6 (remote address of egress "
                "packets; src = local), e.g. dst/32 (docs/clients.md) [default: no per-client rule]."),

@@ -283,6 +283,11 @@ class Shaper:
         elif root is None or root["handle"] == 0:
             previous = {"kind": root["kind"] if root else "default", "handle": 0, "options": ""}
         else:
+            # an htb of the user's cannot be added back from its dump (the kernel dumps a
+            # version its own init refuses: EINVAL) and its classes are not dumped with it
+            if root["kind"] == "htb":
+                raise ShaperError(f"{self.iface}'s root qdisc is an htb of its own: shape mode replaces the "
+                                  "root and could not restore it (remove it, or use police)")
             if _has_children(self._nl, self._ifindex):
                 raise ShaperError(f"{self.iface}'s root qdisc {root['kind']} has child qdiscs: shape mode "
                                   "replaces the root and could not restore them (remove them, or use police)")

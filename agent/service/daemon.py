@@ -282,6 +282,9 @@ class Agent:
                  interval_ms=round(cfg.interval_s * 1000, 3), auth="hmac-sha256" if cfg.key else "none")
         if cfg.standalone:
             log.info("standalone", gossip="off", reason="no_peers")
+        defaulted = [run.conf for run in self.table if run.conf.policed_by_default]
+        if defaulted:       # the default shapes; say why these are policed (config/build.py default_police_reason)
+            log.info("enforce_default_police", classes=len(defaulted), reason=defaulted[0].policed_by_default)
 
     def _tick_and_report(self, now: float, due: float) -> None:
         """One tick of the loop, and what watches it: systemd, the tick statistics, a scrape."""

@@ -1,6 +1,7 @@
-"""Shape mode (issue 20 item 2) in a real agent: HTB holds the limit, follows a live set,
-and the root qdisc from before comes back when the agent stops, or after a SIGKILL
-when the next agent stops.
+"""Shape mode in a real agent: HTB holds the limit, follows a live set, and the root
+qdisc from before comes back when the agent stops, or after a SIGKILL when the next
+agent stops.  Shape is the default where a class matches all traffic; a multi-queue
+device's mq is replaced and comes back; a user's own htb is refused (policed instead).
 
 Topology (lab/topology.py's pair): one agent alone on h1 shapes its eth0 egress
 towards h2 (``--enforce shape``, allocator static: the local limit is the global
@@ -17,6 +18,7 @@ import time
 
 import pytest
 
+from drl.agent.kernel.shaper import Shaper, handle
 from drl.lab.agents import READY_TIMEOUT_S, Agent, drl_agent, installed
 from drl.lab.measure import tc_show
 from drl.lab.metrics import within
@@ -122,7 +124,7 @@ def test_a_users_tbf_comes_back_after_a_stop_and_after_a_sigkill_and_restart(net
     agent.wait_for(lambda s: s["ticks"] >= 2, 5)
     agent.kill(signal.SIGKILL)
     assert HTB_ROOT.match(root_qdisc(h1))
-    agent = cluster(net).start(h1, [], "static", "10mbit")
+    agent = cluster(net).start(h1, [], "static", "10mbit", "--enforce", "police")
     assert root_qdisc(h1) == before and not (tmp_path / "shape-eth0.json").exists()
     assert agent.kill(signal.SIGTERM) == 0 and root_qdisc(h1) == before
 
@@ -145,3 +147,46 @@ def test_a_reload_to_police_restores_the_root_qdisc_while_the_agent_runs(net, tm
     assert st["classes"][0]["enforce"] == "police" and root_qdisc(h1).startswith("qdisc noqueue 0: root")
     assert "clsact" in tc_show(h1, "qdisc")                  # still attached, now policing
     assert agent.kill(signal.SIGTERM) == 0
+
+
+def test_the_default_shapes_a_class_of_all_traffic_and_polices_one_that_leaves_traffic_outside(net, cluster):
+    h1 = net.hosts[0]
+    agent = cluster(net).start(h1, [], "static", "10mbit")
+    st = agent.wait_for(lambda s: s["ticks"] >= 2, 5)
+    assert st["classes"][0]["enforce"] == "shape" and HTB_ROOT.match(root_qdisc(h1)), root_qdisc(h1)
+    assert agent.kill(signal.SIGTERM) == 0
+    agent = cluster(net).start(h1, [], "static", "10mbit", "--class", "proto=udp")
+    st = agent.wait_for(lambda s: s["ticks"] >= 2, 5)
+    assert st["classes"][0]["enforce"] == "police" and root_qdisc(h1).startswith("qdisc noqueue 0: root")
+    assert "reason=\"traffic outside every class\"" in agent.log.read_text()
+    assert agent.kill(signal.SIGTERM) == 0
+
+
+def test_an_mq_root_is_replaced_and_restored_and_a_users_htb_is_refused(net):
+    """A veth of 2 tx queues in h1's netns (a veth's default root is noqueue even then, so the
+    mq of a NIC is added by hand): shaping replaces it with our HTB, closing puts it back with
+    its per-queue children.  A user's htb could not be put back (its dump does not re-add):
+    refused, the class is left to police."""
+    h1 = net.hosts[0]
+    h1.run("ip", "link", "add", "mqa", "numtxqueues", "2", "numrxqueues", "2", "type", "veth", "peer", "name",
+           "mqb", "numtxqueues", "2", "numrxqueues", "2")
+    h1.run("ip", "link", "set", "mqa", "up")
+    h1.run("tc", "qdisc", "add", "dev", "mqa", "root", "handle", "1:", "mq")
+    show = lambda: sorted(re.sub(r" refcnt \d+", "", line) for line in h1.run("tc", "qdisc", "show", "dev", "mqa")
+                          .splitlines())
+    before = show()
+    assert before[0].startswith("qdisc mq 1: root") and len(before) == 3, before
+    shaper = Shaper("mqa", netns=h1.ns)
+    try:
+        assert shaper.set_rate(0, 1.25e6) == handle(0)
+        assert any(HTB_ROOT.match(line) for line in show()), show()
+    finally:
+        shaper.close()
+    assert show() == before
+    h1.run("tc", "qdisc", "replace", "dev", "mqa", "root", "handle", "7:", "htb", "default", "1")
+    shaper = Shaper("mqa", netns=h1.ns)
+    try:
+        assert shaper.set_rate(0, 1.25e6) == 0
+    finally:
+        shaper.close()
+    assert show()[0].startswith("qdisc htb 7: root")

@@ -17,10 +17,11 @@ from drl.agent.gossip.core import CLUSTER, Outgoing
 from drl.agent.gossip.memory import MemoryTransport
 from drl.agent.gossip.wire import decode
 from drl.agent.kernel.fake import CLASS_ID, FakeDatapath
+from drl.agent.kernel.shaper import handle
 from drl.agent.service.daemon import Agent
 from drl.cli.agent import up
 
-__all__ = ["CLASS_ID", "DEFAULT", "GOOD", "TWO", "FakeDatapath", "MemoryTransport", "agent", "config", "file_agent",
+__all__ = ["CLASS_ID", "DEFAULT", "GOOD", "TWO", "FakeDatapath", "FakeShaper", "MemoryTransport", "agent", "config", "file_agent",
            "load", "published", "rules_of", "values"]
 
 DEFAULT = class_key("default")    # its key on the wire
@@ -37,8 +38,33 @@ def values(v: dict) -> dict:
     return {key: Outgoing(x) for key, x in v.items()}
 
 
+class FakeShaper:
+    """Shape mode's HTB tree in memory: a shaped class (the default where a class matches all
+    traffic) must not put a real HTB on the host's ``lo``."""
+
+    def __init__(self, cfg=None):
+        self.rates: dict[int, float] = {}
+        self.closed = False
+
+    def set_rate(self, class_id, limit_Bps):
+        self.rates[class_id] = limit_Bps
+        return handle(class_id)
+
+    def discard(self, class_id):
+        self.rates.pop(class_id, None)
+
+    def retain(self, class_ids):
+        self.rates = {k: v for k, v in self.rates.items() if k in set(class_ids)}
+
+    def ensure_attached(self):
+        return False
+
+    def close(self, detach=True):
+        self.closed = True
+
+
 def agent(cfg, dp):
-    return Agent(cfg, transport=MemoryTransport, datapath=lambda cfg, gossip_port: dp)
+    return Agent(cfg, transport=MemoryTransport, datapath=lambda cfg, gossip_port: dp, shaper=FakeShaper)
 
 
 def published(transport, key=DEFAULT) -> list[float]:

@@ -1,4 +1,4 @@
-"""Shape mode (issue 20 item 2): the pure parts of agent/kernel/shaper.py, the option from the flag
+"""Shape mode: the pure parts of agent/kernel/shaper.py, the option from the flag
 and the file, and what the agent hands the shaper and the datapath.
 
 The kernel side (HTB steered by skb->priority, rates, restoring the root qdisc) is
@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from drl.agent.config.build import ConfigError
+from drl.agent.config.build import SHAPE_DEFAULT_MAX, ConfigError, build_classes
+from drl.agent.config.schema import defaults
 from drl.agent.service.daemon import Agent
 from drl.agent.model import SLOW_START_Bps
 from drl.agent.kernel.shaper import (BURST_FLOOR, HTB_MAJOR, MAX_SHAPED_ID, Shaper, ShaperError, handle, leaf_handle,
@@ -54,9 +55,30 @@ def test_burst_is_4ms_of_the_rate_but_at_least_a_gso_skb_and_the_queue_50ms_more
 
 # -- the option --------------------------------------------------------------------------
 
-def test_the_flag_sets_every_class_and_police_is_the_default(tmp_path):
-    assert config(tmp_path, "--global", "10mbit").classes[0].enforce == "police"
-    assert config(tmp_path, "--global", "10mbit", "--enforce", "shape").classes[0].enforce == "shape"
+def test_the_flag_sets_every_class_and_shape_is_the_default_where_a_class_matches_all(tmp_path):
+    assert config(tmp_path, "--global", "10mbit").classes[0].enforce == "shape"
+    assert config(tmp_path, "--global", "10mbit", "--class", "all").classes[0].enforce == "shape"
+    assert config(tmp_path, "--global", "10mbit", "--enforce", "police").classes[0].enforce == "police"
+    assert config(tmp_path, "--global", "10mbit", "--class", "proto=udp", "--enforce", "shape").classes[0].enforce \
+        == "shape"
+
+
+def test_the_default_polices_grd_quotas_traffic_outside_every_class_and_many_classes(tmp_path):
+    assert config(tmp_path, "--global", "10mbit", "--allocator", "grd").classes[0].enforce == "police"
+    assert config(tmp_path, "--global", "10mbit", "--allocator", "dqmp", "--quota", "1GB/1d").classes[0].enforce \
+        == "police"
+    # only UDP is limited: everything else would go through HTB for nothing
+    assert config(tmp_path, "--global", "10mbit", "--class", "proto=udp").classes[0].enforce == "police"
+    opts = {**defaults(), "iface": "lo", "node_id": "a"}
+    few = [{**opts, "name": f"c{i}", "global_Bps": 1e6, "class_specs": () if i == 0 else (f"dst=10.0.{i}.0/24",)}
+           for i in range(SHAPE_DEFAULT_MAX)]
+    assert {c.enforce for c in build_classes(opts, few, (), 4096)} == {"shape"}
+    many = few + [{**few[1], "name": "one-more", "class_specs": ("dst=10.1.0.0/24",)},
+                  {**few[1], "name": "asks", "class_specs": ("dst=10.2.0.0/24",), "enforce": "shape"}]
+    assert [c.enforce for c in build_classes(opts, many, (), 4096)][-3:] == ["police", "police", "shape"]
+    # the default is never refused; an explicit shape is, in one line
+    mixed = [{**few[0], "allocator": "grd"}, few[1]]
+    assert [c.enforce for c in build_classes(opts, mixed, (), 4096)] == ["police", "shape"]
 
 
 def test_random_drop_and_quota_classes_cannot_be_shaped(tmp_path):

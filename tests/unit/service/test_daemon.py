@@ -12,6 +12,7 @@ from drl.agent.config.build import class_key
 from drl.agent.service.daemon import CLUSTER, Agent
 from drl.agent.service.rates import safe_rate
 from drl.agent.kernel.datapath import DatapathError
+from drl.agent.kernel.shaper import handle
 from drl.agent.gossip.core import GossipCore, Outgoing, PeerList
 from drl.agent.model import Mode
 from drl.agent.cluster.registry import Registry, RegistryConfig, import_classes
@@ -74,7 +75,7 @@ def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
         assert mode == Mode.BUCKET
         assert settings == {"rate_Bps": 500_000.0, "burst_bytes": None, "drop_probability": 0.0,
                             "safe_rate_Bps": 500_000.0, "timeout_s": 20.0, "quota_bytes": None, "shadow": False,
-                            "shape_prio": 0}
+                            "shape_prio": handle(CLASS_ID)}             # the one class matches all: shaped
         status = a.status()
         assert status["local_limit_bps"] == 4e6 and status["mode"] == "bucket"
         assert 0 < status["demand_bps"] <= 2e6 and status["passed_bytes"] == 1_000_000

@@ -18,7 +18,7 @@ from drl.agent.service.daemon import Agent
 from drl.cli.agent import main as agent_main, up
 
 from daemon_harness import load
-from daemon_harness import FakeDatapath, agent, config
+from daemon_harness import FakeDatapath, FakeShaper, agent, config
 
 # -- a logfmt reader written apart from agent/logs.py ---------------------------------------
 # go-logfmt's grammar: key=value pairs split by one space; a value is bare (no space, quote or
@@ -212,7 +212,7 @@ def events(caplog) -> dict[str, dict]:
 def test_a_lone_agent_logs_started_standalone_and_stopped_with_numbers(tmp_path, caplog, signals_kept):
     cfg = config(tmp_path, "--global", "50mbit", "--peers", "")
     caplog.set_level(logging.INFO, logger="drl.agent")
-    with Agent(cfg, datapath=lambda cfg, gossip_port: FakeDatapath()) as a:
+    with Agent(cfg, datapath=lambda cfg, gossip_port: FakeDatapath(), shaper=FakeShaper) as a:
         a.stopping = True
         assert a.serve() == 0
     got = events(caplog)

@@ -20,7 +20,7 @@ from drl.agent.service.metrics import (Board, Collector, DropTally, MetricsError
 from drl.agent.model import Decision, Mode
 from drl.agent.config import toml
 
-from daemon_harness import FakeDatapath, MemoryTransport, agent, config
+from daemon_harness import FakeDatapath, FakeShaper, MemoryTransport, agent, config
 
 
 def exposition(board: Board) -> str:
@@ -168,7 +168,7 @@ def test_agent_with_a_busy_metrics_port_exits_before_attaching(tmp_path):
         cfg = config(tmp_path, "--global", "8mbit", "--metrics", "127.0.0.1:%d" % busy.getsockname()[1])
         dp = FakeDatapath()
         with pytest.raises(StartupError, match="port already in use"):
-            Agent(cfg, transport=MemoryTransport, datapath=lambda cfg, port: dp)
+            Agent(cfg, transport=MemoryTransport, datapath=lambda cfg, port: dp, shaper=FakeShaper)
     assert not dp.attached and not (tmp_path / "ctl.sock").exists()
 
 
