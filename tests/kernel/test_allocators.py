@@ -184,3 +184,24 @@ def test_gdrl_gives_identical_tcp_loads_equal_limits(make_star, tmp_path):
     # transfers conserve the sum; reads ~0.1 s apart can count one in flight twice or not at all
     assert all(sum(r) <= 12e6 * 1.03 for r in reads), reads
     assert all(rate <= 12e6 * 1.05 for rate in rates), rates
+
+
+def test_gdrl_cluster_restarted_as_a_whole_gets_its_limit_back(make_star, tmp_path):
+    """Every agent stopped, then started again on the state files of its earlier life: each is
+    a rejoiner whose share nobody inherited (gdrl.py _whole_restart).  They passed 0.12 Mbit/s
+    together, the slow-start floor, for the whole run; now the limit is back within seconds."""
+    net = make_star(4)
+    limiters, sink = net.hosts[:3], net.hosts[3]
+    cluster = Cluster(net, tmp_path)
+    for agent in cluster.start_mesh(limiters, "gdrl", "12mbit"):
+        agent.kill(signal.SIGTERM)
+    assert len(list(tmp_path.glob("gdrl-h*.json"))) == 3
+    running = cluster.start_mesh(limiters, "gdrl", "12mbit")
+    blasts = [udp_blast(h, sink.addr4, rate, 8) for h, rate in zip(limiters, (2e6, 8e6, 6e6))]
+    time.sleep(4)                     # measured: the whole limit within 2 s
+    states = [a.status() for a in running]
+    for b in blasts:
+        b.wait()
+    assert all(st["allocator_state"]["rejoined"] for st in states), states
+    limits = [st["local_limit_bps"] for st in states]
+    assert within(sum(limits), 12e6, 0.03), limits
