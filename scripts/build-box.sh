@@ -168,5 +168,7 @@ end
 EOF
 tar -C "$B" -cf "$BOX.tmp" metadata.json Vagrantfile vmlinuz initrd.img box.img
 mv "$BOX.tmp" "$BOX"
+# Older boxes and root file systems (1+ GiB each) are stale now: drop them.
+find "$CACHE" -maxdepth 1 \( -name 'box-*.box' ! -name "${BOX##*/}" -o -name 'rootfs-*.tar' ! -name "${BASE##*/}" \) -delete
 say "box: $BOX ($(du -h "$BOX" | cut -f1)) built in $(( $(date +%s) - t0 )) s"
 echo "$BOX"

@@ -43,3 +43,24 @@ def test_vagrantfile_reader_builds_the_labs_hosts(name):
             assert vm["agent_iface_addr"] == central.agent_ifaces()[h].addr
             assert vm["agent_argv"][vm["agent_argv"].index("--allocator") + 1] == alloc
             assert IFACE in vm["agent_argv"]
+
+
+def test_vm_probe_is_valid_python():
+    """lab/vagrant.py's PROBE runs on the VMs (their Python 3.11); a syntax error there would
+    only show as a run without samples."""
+    from drl.lab.vagrant import PROBE
+    compile(PROBE, "<probe>", "exec")
+
+
+@pytest.mark.skipif(not shutil.which("vagrant"), reason="needs vagrant")
+def test_libvirt_links_give_the_host_bridge_no_address(tmp_path):
+    """Every link network is "veryisolated" without DHCP: vagrant-libvirt would otherwise give
+    the host's bridge the subnet's .1, which the topology gives to l1, l2 and sw."""
+    text = (ROOT / "vagrant" / "Vagrantfile").read_text()
+    assert 'libvirt__forward_mode: "veryisolated"' in text
+    assert "libvirt__dhcp_enabled: false" in text
+    assert 'lv.management_network_mode = "none"' in text
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VAGRANT_HOME": str(tmp_path / "home"),
+           "VAGRANT_DOTFILE_PATH": str(tmp_path / "dot"), "DRL_BOX": "drl", "DRL_VAGRANT_TCG": "1"}
+    out = subprocess.run(["vagrant", "validate"], cwd=ROOT / "vagrant", env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
