@@ -30,7 +30,7 @@ APT_PKGS+=(iputils-ping)
 APT_PKGS+=(apache2-utils nginx-light)
 # prometheus: /usr/bin/prometheus and promtool for tests/kernel/test_prometheus.py and
 # tests/unit/service/test_metrics.py (installed below without its recommends: node-exporter, snmp, ...)
-# vagrant is only used to `vagrant validate` the Vagrantfile; skip with DRL_NO_VAGRANT=1
+# vagrant: `vagrant validate` of the Vagrantfile (.ci/run), and the VM lab below; skip with DRL_NO_VAGRANT=1
 [ "${DRL_NO_VAGRANT:-0}" = 1 ] || APT_PKGS+=(vagrant)
 say "installing Debian packages: ${APT_PKGS[*]}"
 export DEBIAN_FRONTEND=noninteractive
@@ -39,6 +39,26 @@ apt-get install -y -qq "${APT_PKGS[@]}" >/dev/null
 apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 # etcd-server (3.4): /usr/bin/etcd for the registry's tests (lab/etcd.py, tests/kernel/test_registry_etcd.py)
 apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+# The VM lab on libvirt (vagrant/README.md, tests/kernel/test_vagrant.py): vagrant-libvirt,
+# QEMU, libvirtd (dnsmasq serves the management network's DHCP), and debootstrap, qemu-img
+# and mkfs.ext4 for the box (scripts/build-box.sh).  Tests start a libvirtd of their own
+# in a network namespace; the system's must not start, and must not bring up its NAT'ed
+# "default" network on the host if it ever does.  Skip with DRL_NO_VAGRANT=1.
+if [ "${DRL_NO_VAGRANT:-0}" != 1 ]; then
+    say "installing the VM lab: vagrant-libvirt, libvirt, QEMU, debootstrap"
+    policy_added=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy_added=1
+    fi
+    apt-get install -y -qq --no-install-recommends vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu \
+        dnsmasq-base qemu-system-x86 qemu-utils debootstrap e2fsprogs >/dev/null
+    [ "$policy_added" = 0 ] || rm -f /usr/sbin/policy-rc.d
+    rm -f /etc/libvirt/qemu/networks/autostart/default.xml
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now -q libvirtd.service libvirtd.socket libvirtd-ro.socket libvirtd-admin.socket \
+            virtlogd.socket virtlockd.socket 2>/dev/null || true
+    fi
+fi
 # The tests start their own nginx, Prometheus and etcd; on a host booted with systemd the
 # packages also enable and start system services (:80, :9090, :2379): stop and disable them.
 # Without systemd, etcd's init script may have started it (policy-rc.d permitting).
