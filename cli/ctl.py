@@ -10,6 +10,7 @@ Examples:
     drlctl unban 203.0.113.0/24
     drlctl top
     drlctl import /etc/drl/drl.toml --registry etcd://10.0.0.9:2379 --cluster prod
+    drlctl class delete gold --registry etcd://10.0.0.9:2379 --cluster prod
 """
 from __future__ import annotations
 
@@ -269,6 +270,41 @@ def import_file(path: str, registry: str, cluster: str, registry_ca: str | None,
     except RegistryError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"imported {n} class{'es' if n != 1 else ''} into {cfg.prefix}classes/")
+
+
+@main.group("class")
+def class_group() -> None:
+    """Classes in etcd (with --registry): see also import."""
+
+
+@class_group.command("delete")
+@click.argument("name")
+@click.option("--registry", required=True, metavar="etcd://HOST:PORT[,...]", help="The etcd the agents read.")
+@click.option("--cluster", required=True, help="The agents' --cluster.")
+@click.option("--registry-ca", type=click.Path(dir_okay=False), help="CA certificate of etcd's TLS (https).")
+@click.option("--registry-cert", type=click.Path(dir_okay=False), help="Client certificate for etcd (with --registry-key).")
+@click.option("--registry-key", type=click.Path(dir_okay=False), help="Key of --registry-cert.")
+def class_delete(name: str, registry: str, cluster: str, registry_ca: str | None, registry_cert: str | None,
+                 registry_key: str | None) -> None:
+    """Delete class NAME from etcd, for good: every agent drops etcd's table of it, and one with
+    a class of that name of its own (--global, --config) goes back to that one.  A class key
+    deleted any other way (etcdctl del, an etcd wiped) is taken for lost, and the agents
+    write back the table they hold (docs/registry.md).
+
+    \b
+    Examples:
+      drlctl class delete gold --registry etcd://10.0.0.9:2379 --cluster prod
+    """
+    from drl.agent.cluster.registry import RegistryError, delete_class, registry_config
+
+    try:
+        cfg = registry_config(registry, cluster, registry_ca, registry_cert, registry_key)
+        deleted = delete_class(cfg, name)
+    except RegistryError as e:
+        raise click.ClickException(str(e)) from None
+    if not deleted:
+        raise click.ClickException(f"no class {name!r} in etcd under {cfg.prefix}classes/ (nothing written)")
+    click.echo(f"deleted class {name!r} from {cfg.prefix}classes/ (tombstone {cfg.prefix}deleted/{name})")
 
 
 def checked_class_tables(path: str) -> list[dict]:

@@ -137,6 +137,25 @@ class Gateway:
         reply = self.call("kv/txn", {"compare": [compare], "success": [{"request_put": put}]})
         return bool(reply.get("succeeded"))
 
+    def delete(self, key: str) -> int:
+        """Delete ``key``; how many keys went (0 or 1)."""
+        return int(self.call("kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix``; how many went."""
+        return int(self.call("kv/deleterange", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
+                   .get("deleted", 0))
+
+    def txn(self, absent: list[str], present: list[str], puts: dict[str, bytes], deletes: list[str]) -> bool:
+        """One transaction: if every key of ``absent`` does not exist and every key of ``present``
+        does, put ``puts`` and delete ``deletes``; whether it did."""
+        compare = ([{"key": _b64(k), "target": "CREATE", "result": "EQUAL", "create_revision": 0} for k in absent]
+                   + [{"key": _b64(k), "target": "CREATE", "result": "GREATER", "create_revision": 0}
+                      for k in present])
+        ops = ([{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in puts.items()]
+               + [{"request_delete_range": {"key": _b64(k)}} for k in deletes])
+        return bool(self.call("kv/txn", {"compare": compare, "success": ops}).get("succeeded"))
+
     def range_prefix(self, prefix: str) -> tuple[int, dict[str, bytes]]:
         """(the store's revision at the read, {key: value}) for every key under prefix."""
         reply = self.call("kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})

@@ -5,6 +5,7 @@
     if reg.changed() != seen:         # every tick: cheap
         view = reg.view()             # members, classes, reachable
     reg.put_class({"name": "gold", "global": "100mbit"})   # written now, or when etcd is back
+    reg.restore_class(table, delay_s=0.4)   # etcd lost a class we hold: put it back unless someone did
     reg.close()                       # revokes the lease: the others see us leave at once
 
 etcd is where agents find each other and read their limits, never on the
@@ -123,6 +124,9 @@ class RegistryView:
     # from etcd), until their id registers again: their datapath may still pass traffic
     lost: dict[str, Member] = field(default_factory=dict)
     genesis: dict[str, tuple[str, ...]] = field(default_factory=dict)   # class -> its founders
+    # classes deleted on purpose (delete_class: a tombstone under deleted/<class>); a class whose
+    # key goes without one was lost, and the agents put back what they hold (docs/registry.md)
+    deleted: frozenset[str] = frozenset()
 
 
 class Registry:
@@ -138,6 +142,8 @@ class Registry:
         self._stopping = threading.Event()
         self._kvs: dict[str, bytes] = {}
         self._pending: dict[str, dict] = {}     # class name -> table not yet written
+        self._restores: dict[str, tuple[float, dict]] = {}    # class name -> (due, table): restore_class
+        self._reregister = False        # the watch saw our member key deleted while we hold the lease
         self._lease = 0
         self._registered = False        # our member key is ours (not another agent's under our id)
         self._watch: Watch | None = None
@@ -170,6 +176,21 @@ class Registry:
             raise RegistryError(f"class name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
         with self._lock:
             self._pending[name] = dict(table)
+            self._restores.pop(name, None)          # a newer word on the class than what we held
+        self._wake.set()
+
+    def restore_class(self, table: dict, delay_s: float) -> None:
+        """Put back a class etcd lost (a wipe, a key deleted by hand): ``table`` is written
+        ``delay_s`` from now (a random delay of each agent's, so that not all of them write at
+        once) only if etcd still has no such class and no tombstone for it (delete_class), in
+        one transaction: of N agents the first writes it, and nothing written meanwhile (an
+        operator's, another agent's) is replaced.  Kept across an outage, like put_class."""
+        name = table.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise RegistryError(f"class name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+        with self._lock:
+            if name not in self._pending:
+                self._restores[name] = (time.monotonic() + max(0.0, delay_s), dict(table))
         self._wake.set()
 
     def founders(self, class_name: str, members: tuple[str, ...]) -> tuple[str, ...]:
@@ -278,10 +299,17 @@ class Registry:
         period = self.cfg.ttl_s / 3              # two keepalives may fail before the lease expires
         next_keepalive = time.monotonic() + period
         while not self._stopping.is_set():
-            self._wake.wait(max(0.0, next_keepalive - time.monotonic()))
+            with self._lock:
+                due = min([next_keepalive, *(when for when, _ in self._restores.values())])
+            self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
             if self._watch_error is not None:
                 raise EtcdError(self._watch_error)
+            if self._reregister:
+                # deleted by hand (or a wipe) while our lease lives: nothing else would write it
+                # again, and the others would count us lost until the lease ran out
+                self._reregister = False
+                self._register(gw)
             self._flush(gw)
             if time.monotonic() >= next_keepalive:
                 if gw.keepalive(self._lease) <= 0:        # expired while we were slow: register again
@@ -289,7 +317,8 @@ class Registry:
                 next_keepalive = time.monotonic() + period
 
     def _flush(self, gw: Gateway) -> None:
-        """Write pending classes; one written is dropped from pending unless replaced meanwhile."""
+        """Write pending classes; one written is dropped from pending unless replaced meanwhile.
+        Then the restores that are due, each once (written or found there already)."""
         with self._lock:
             pending = dict(self._pending)
         for name, table in pending.items():
@@ -297,6 +326,16 @@ class Registry:
             with self._lock:
                 if self._pending.get(name) is table:
                     del self._pending[name]
+        now = time.monotonic()
+        with self._lock:
+            due = {name: entry for name, entry in self._restores.items() if entry[0] <= now}
+        for name, entry in due.items():
+            key = self.cfg.prefix + "classes/" + name
+            gw.txn(absent=[key, self.cfg.prefix + "deleted/" + name],
+                   present=[], puts={key: _class_value(entry[1])}, deletes=[])
+            with self._lock:
+                if self._restores.get(name) is entry:
+                    del self._restores[name]
 
     def _start_watch(self, gw: Gateway, revision: int) -> None:
         self._watch_error = None
@@ -312,6 +351,9 @@ class Registry:
                     for key, value in events:
                         if value is not None and _says_left(self.cfg.prefix, key, value):
                             self._left.add(key.rsplit("/", 1)[1])     # its delete may come in this batch
+                        if value is None and key == self._member_key(self.node_id) and self._registered:
+                            self._reregister = True
+                            self._wake.set()
                         if value is None:
                             self._kvs.pop(key, None)
                         else:
@@ -335,7 +377,7 @@ class Registry:
     def _publish(self, reachable: bool, error: str) -> None:
         """Derive a new view from the raw values; bump the counter only if it differs."""
         with self._lock:
-            members, classes, bad, genesis = decode(self.cfg.prefix, self._kvs)
+            members, classes, bad, genesis, deleted = decode(self.cfg.prefix, self._kvs)
             old = self._view
             for m, member in members.items():
                 (self._left.add if member.left else self._left.discard)(m)
@@ -343,18 +385,20 @@ class Registry:
             lost = {m: member for m, member in {**old.lost, **old.members}.items()
                     if m not in members and m not in self._left and m != self.node_id}
             since = old.since if old.reachable == reachable else self.clock()
-            view = RegistryView(members, classes, reachable, since, error, bad, lost, genesis)
+            view = RegistryView(members, classes, reachable, since, error, bad, lost, genesis, deleted)
             if view != dataclasses.replace(old, since=since):
                 self._view = view
                 self._changes += 1
 
 
 def decode(prefix: str, kvs: dict[str, bytes]) -> tuple[dict[str, Member], dict[str, dict], tuple[str, ...],
-                                                         dict[str, tuple[str, ...]]]:
-    """The prefix's raw keys -> (members, classes, keys that are not of the layout, genesis)."""
+                                                         dict[str, tuple[str, ...]], frozenset[str]]:
+    """The prefix's raw keys -> (members, classes, keys that are not of the layout, genesis,
+    classes deleted on purpose)."""
     members: dict[str, Member] = {}
     classes: dict[str, dict] = {}
     genesis: dict[str, tuple[str, ...]] = {}
+    deleted: set[str] = set()
     bad = []
     for key, raw in sorted(kvs.items()):
         kind, _, name = key[len(prefix):].partition("/")
@@ -367,11 +411,13 @@ def decode(prefix: str, kvs: dict[str, bytes]) -> tuple[dict[str, Member], dict[
                 classes[name] = value
             elif kind == "genesis":
                 genesis[name] = tuple(str(m) for m in value["members"])
+            elif kind == "deleted" and NAME.fullmatch(name):
+                deleted.add(name)           # whatever it holds: the key says it
             else:
                 bad.append(key)
         except (ValueError, KeyError, TypeError, AttributeError, AddressError):
             bad.append(key)
-    return members, classes, tuple(bad), genesis
+    return members, classes, tuple(bad), genesis, frozenset(deleted)
 
 
 def _says_left(prefix: str, key: str, value: bytes) -> bool:
@@ -389,9 +435,16 @@ def _registered(gw: Gateway, prefix: str) -> set[str]:
     return {key.rsplit("/", 1)[1] for key in kvs}
 
 
+def _class_value(table: dict) -> bytes:
+    return json.dumps(table, sort_keys=True).encode()
+
+
 def _put_class(gw: Gateway, prefix: str, table: dict) -> None:
-    """A [[class]] table under classes/<its name>, as JSON."""
-    gw.put(prefix + "classes/" + table["name"], json.dumps(table, sort_keys=True).encode())
+    """A [[class]] table under classes/<its name>, as JSON; a tombstone of its name goes in the
+    same transaction (written again, the class is live again)."""
+    name = table["name"]
+    gw.txn(absent=[], present=[], puts={prefix + "classes/" + name: _class_value(table)},
+           deletes=[prefix + "deleted/" + name])
 
 
 def import_classes(cfg: RegistryConfig, tables: list[dict]) -> int:
@@ -403,6 +456,24 @@ def import_classes(cfg: RegistryConfig, tables: list[dict]) -> int:
             for table in tables:
                 _put_class(gw, cfg.prefix, table)
             return len(tables)
+        except EtcdError as e:
+            errors.append(str(e))
+    raise RegistryError("etcd unreachable: " + "; ".join(errors))
+
+
+def delete_class(cfg: RegistryConfig, name: str) -> bool:
+    """``drlctl class delete NAME``: the class's key goes and a tombstone (deleted/NAME) comes, in
+    one transaction, so every agent sees both at once and drops etcd's table instead of
+    putting it back (a key that goes without one was lost: restore_class).  False when etcd
+    has no such class (nothing written); raises RegistryError when no endpoint answers."""
+    if not NAME.fullmatch(name or ""):
+        raise RegistryError(f"class name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+    key = cfg.prefix + "classes/" + name
+    errors = []
+    for gw in cfg.gateways():
+        try:
+            return gw.txn(absent=[], present=[key], puts={cfg.prefix + "deleted/" + name: json.dumps(
+                {"name": name}).encode()}, deletes=[key])
         except EtcdError as e:
             errors.append(str(e))
     raise RegistryError("etcd unreachable: " + "; ".join(errors))

@@ -376,7 +376,7 @@ class Agent:
 
     def _follow_registry(self) -> None:
         """What changed in etcd since the last tick (registry_sync.py); none without --registry."""
-        self.sync.follow(self._apply_classes)
+        self.sync.follow(self._apply_classes, self.book)
 
     def status(self) -> dict:
         """drlctl status --json (status.py agent_status)."""

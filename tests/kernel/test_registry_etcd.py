@@ -157,9 +157,11 @@ def test_latest_pending_write_per_class_wins(etcd, registries):
 def test_a_lease_lost_behind_our_back_is_granted_again(registries):
     a, b = registries("a", ttl_s=3), registries("b")
     wait(lambda: set(b.view().members) == {"a", "b"}, 2.0)
+    old = a._lease
     a.cfg.gateways()[0].revoke(a._lease)           # as if it had expired during a long stall
-    wait(lambda: "a" not in b.view().members, 1.0)
-    wait(lambda: "a" in b.view().members, 6.0)     # at the next renewal (every ttl/3 = 1 s)
+    # at once (the watch saw its key go), at the latest at the next renewal (every ttl/3 = 1 s)
+    wait(lambda: a._lease != old and "a" in b.view().members, 6.0)
+    assert b.view().lost == {}
 
 
 def test_a_dead_endpoint_fails_over_to_the_next(etcd, registries):
@@ -254,3 +256,18 @@ def test_a_node_id_taken_by_another_agent_is_refused_and_a_previous_life_is_not(
         wait(lambda: again.view().reachable and again.view().members["a"].incarnation == 2, 3.0)
     finally:
         again.close()
+
+
+def test_a_member_key_deleted_by_hand_is_written_again_by_its_live_agent(etcd, registries):
+    """Its lease lives, so nothing else would write it: the others counted it lost for 12 s
+    and more.  Its registry sees its own key's delete in the watch and registers at once."""
+    from drl.agent.cluster.etcd import Gateway
+
+    registries("a")
+    b = registries("b")
+    wait(lambda: set(b.view().members) == {"a", "b"}, 2.0)
+    gw, key = Gateway(etcd.endpoints[0], None, 5.0), f"/drl/{registries.cluster}/members/a"
+    gw.delete(key)
+    back = wait(lambda: gw.get(key) is not None, 1.5)
+    wait(lambda: "a" in b.view().members and b.view().lost == {}, 1.0)
+    print(f"member key deleted by hand: back after {back:.2f} s")

@@ -101,7 +101,7 @@ def test_bad_registry_options_are_one_line(tmp_path, flags, what):
 
 def test_the_layout_decodes_members_and_classes_and_names_bad_keys():
     p = "/drl/prod/"
-    members, classes, bad, genesis = decode(p, {
+    members, classes, bad, genesis, deleted = decode(p, {
         p + "members/a": b'{"addr": "10.0.0.1:7470", "incarnation": 3}',
         p + "members/b": b'{"addr": "[fd00::2]:7470"}',
         p + "members/d": b'{"addr": "10.0.0.4:7470", "left": true}',
@@ -110,12 +110,14 @@ def test_the_layout_decodes_members_and_classes_and_names_bad_keys():
         p + "classes/gold": json.dumps({"name": "gold", "global": "50mbit"}).encode(),
         p + "classes/silver": json.dumps({"name": "gold", "global": "1mbit"}).encode(),   # name != key
         p + "other/x": b"{}",
+        p + "deleted/bronze": b"{}",                # a tombstone: drlctl class delete
     })
     assert members == {"a": Member("a", ("10.0.0.1", 7470), 3), "b": Member("b", ("fd00::2", 7470)),
                        "d": Member("d", ("10.0.0.4", 7470), left=True)}
     assert genesis == {"gold": ("a", "b")}
     assert classes == {"gold": {"name": "gold", "global": "50mbit"}}
     assert bad == (p + "classes/silver", p + "members/c", p + "other/x")
+    assert deleted == {"bronze"}
 
 
 def test_a_class_table_from_etcd_is_checked_like_the_file():
