@@ -8,6 +8,7 @@ import logging
 import re
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -250,3 +251,11 @@ def test_a_bad_log_format_is_one_usage_error_line(tmp_path):
                                                 "'logfmt', 'json'."], result.output
     with pytest.raises(Exception, match=r"drl.toml:2: \[agent\]: log_format"):
         load(tmp_path, '[agent]\nlog_format = "xml"\n[[class]]\nname = "x"\nglobal = "1mbit"\n')
+
+
+def test_every_event_the_agent_logs_is_in_docs_logs_md():
+    root = Path(__file__).resolve().parents[3]
+    source = "\n".join(p.read_text() for p in (root / "agent").rglob("*.py"))
+    events = set(re.findall(r"\blog\.(?:info|warning|error|debug)\(\s*\"([a-z_]+)\"", source))
+    doc = (root / "docs" / "logs.md").read_text()
+    assert events and not sorted(e for e in events if f"`{e}`" not in doc)
