@@ -23,7 +23,7 @@ like the demand are noisy, and the maximum of noisy rates overstates the
 per-flow rate the more flows there are: FPS then undercounts the limiter with
 more flows.  The share is what is smoothed longer, not the rate, so when the
 class's rate changes (a limit doubles, a newcomer ramps up) every flow's rate
-follows it at the demand's speed (README "TCP on veth" has the measurements).
+follows it at the demand's speed (docs/datapath.md "TCP on veth" has the measurements).
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ _NEW = object()          # the previous record of a flow new to us
 class Estimator:
     """Per-flow state is kept in columns (lists) in the order of the last
     update's flow records, not an object per flow: with thousands of flows
-    the per-flow work of a tick is what the agent spends its CPU on (issue 20,
-    bench/README.md "Agent cost with many flows").  A record that is the same
+    the per-flow work of a tick is what the agent spends its CPU on
+    (bench/HISTORY.md "Agent cost with many flows").  A record that is the same
     object as the last update's at its place (Datapath.read_flows hands out
     the same FlowSample while a flow's table entry does not change; most
     flows' entries are not visited between two ticks) only decays, done

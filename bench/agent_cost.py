@@ -21,7 +21,7 @@ active class per peer per round, where a round sends to min(branching, peers)
 peers.  The paper's figure to compare with: 48-byte updates at br = 3 every
 50 ms, 2.88 kbit/s per limiter ([Raghavan07] §5.6).
 
-With ``--flows`` (issue 20 item 3) it measures instead ONE agent (no peers,
+With ``--flows`` it measures instead ONE agent (no peers,
 FPS, 1 class: every IP packet, 1 Gbit/s so nothing drops, ``--max-flows``
 32768, ``--sample-probability`` 1) against N active flows:
 

@@ -1,4 +1,4 @@
-"""Cost of classification against the number of classes; results go to bench/README.md.
+"""Cost of classification against the number of classes; results go to bench/RESULTS.md.
 
     sudo .venv/bin/python bench/classify.py                 # ~1 minute
     sudo .venv/bin/python bench/classify.py --repeat 1000000 --rounds 7

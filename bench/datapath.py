@@ -1,4 +1,4 @@
-"""Benchmark of the datapath (bpf/limiter.c); results go to bench/README.md.
+"""Benchmark of the datapath (bpf/limiter.c); results go to bench/RESULTS.md.
 
     sudo .venv/bin/python bench/datapath.py            # all parts, ~15 minutes (shape and web ~5, highrate ~2)
     sudo .venv/bin/python bench/datapath.py --part goodput --seconds 8

@@ -1,4 +1,4 @@
-"""Estimator.update's cost per tick with many flows, without a kernel; results go to bench/README.md.
+"""Estimator.update's cost per tick with many flows, without a kernel; results go to bench/RESULTS.md.
 
     .venv/bin/python bench/estimator.py                       # ~1 minute
     PYTHONPATH=/tmp/ab .venv/bin/python bench/estimator.py    # the same for /tmp/ab/drl (a git worktree)

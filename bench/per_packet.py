@@ -6,7 +6,7 @@
 packet       live, on the lab's veth pair: for each traffic mix (64-byte UDP
              frames from one iperf3 at full speed, 1 TCP flow, 16 TCP flows,
              senders pinned to CPU 0) and each program (none, trivial, the
-             limiter with a 400 Gbit/s bucket, the limiter before issue 20
+             limiter with a 400 Gbit/s bucket, the limiter before the per-packet work
              from git, ``--variants``), alternating, ``--rounds`` times: ns per
              run from kernel.bpf_stats_enabled (run_time_ns / run_cnt, the
              stats probe included), the program's runs a second, and the
@@ -20,7 +20,7 @@ attribution  BPF_PROG_TEST_RUN (bench/classify.py) on a 64-byte UDP and a
              limiter built without parts (agent/abi.py BENCH_SKIP), with a
              flow table visit on every packet (FLOW_EPOCH_SHIFT=0 with the fine
              clock, FLOW_VISIT_NS=0), with the fine clock (CLOCK_COARSE=0), classifying every
-             packet (MEMO_CLASS=0, as off x86), the version before issue 20, trivial.
+             packet (MEMO_CLASS=0, as off x86), the version before the per-packet work, trivial.
 
 Variants are the same bpf/limiter.c compiled with other -D values from
 agent/abi.py (``compiled``), never copies of it; "before" is bpf/ at a git

@@ -52,7 +52,7 @@ Code topologies (``pair``, ``star``; kernel tests and benchmarks):
 * ``rto_min`` (e.g. ``WAN_RTO_MIN``), when given, is set on every subnet
   route: TCP's minimum retransmission timeout.  Linux's default, 200 ms, is
   a few RTTs on a WAN but 4,000 of a veth's 50 us, and TCP flows sharing one
-  token bucket then take turns by timeouts instead of sharing it (README
+  token bucket then take turns by timeouts instead of sharing it (docs/datapath.md
   "TCP on veth"); tests of how agents divide a limit among TCP flows use
   ``WAN_RTO_MIN``.
 

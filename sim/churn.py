@@ -1,4 +1,4 @@
-"""``drl-sim run churn``: 10 % of the limiters leave and 10 % join within one minute (issue 17).
+"""``drl-sim run churn``: 10 % of the limiters leave and 10 % join within one minute.
 
     drl-sim run churn --limiters 1000 --out out/churn
 
@@ -39,7 +39,7 @@ from .experiments import Options
 from .openloop import PoissonDemand
 from .plots import Line, Panel, save
 
-SUMMARY = {"churn": "issue 17: 1,000 limiters, 10 % leave and 10 % join (half of them rejoins) "
+SUMMARY = {"churn": "1,000 limiters, 10 % leave and 10 % join (half of them rejoins) "
                     "within a minute; aggregate vs limit for FPS and GDRL"}
 DEFAULT_LIMITERS = {"churn": 1000}
 ALLOCATORS = ("fps", "gdrl")

@@ -23,7 +23,7 @@ _REGISTRY = {
     "gdrl-graphs": "drl.sim.gdrl_graphs",  # [Stanojevic09] Fig. 7
     "dqmp-crash": "drl.sim.dqmp_runs",     # [Behl12] Fig. 10
     "dqmp-1000": "drl.sim.dqmp_runs",      # [Behl12] §5.2, 1,000 nodes
-    "churn": "drl.sim.churn",              # issue 17: joins and leaves at 1,000 limiters
+    "churn": "drl.sim.churn",              # joins and leaves at 1,000 limiters
 }
 
 

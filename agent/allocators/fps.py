@@ -264,7 +264,7 @@ class FlowProportionalShare:
         # when only the hold makes this regime 1.
         sent = snap.local.sent_Bps
         local_Bps = sent if not limited else current if current >= SLOW_START_Bps else max(current, sent)
-        near = max(self.fair_band * fastest, floor)      # one pass: thousands of flows (issue 20)
+        near = max(self.fair_band * fastest, floor)      # one pass: thousands of flows
         unbottlenecked = [rate for rate in rates if rate >= near]
         return UNBOTTLENECKED, local_Bps * len(unbottlenecked) / sum(unbottlenecked)
 

@@ -11,7 +11,7 @@ that changed one class at the same instant still agree, by a rule both know).
 What an operator does last wins, whichever way it was done: a live ``set`` is
 a new version, and so is a config file whose value for the class changed
 since this agent last read it (on reload or restart).  A file that still says
-what it said before does not undo a live ``set`` (README "Changing limits").
+what it said before does not undo a live ``set`` (docs/agent.md "Changing limits").
 The book is kept in ``--state-dir`` so a restarted agent starts from the
 newest version it knew, and gossip brings it the newer ones it missed.
 

@@ -2,7 +2,7 @@
 
     agent_status(agent, now)    # the agent, each class under "classes", the first class at the top
 
-The keys are a contract (README "Running agents", docs/metrics.md): rates in bits/s
+The keys are a contract (docs/agent.md "Status", docs/metrics.md): rates in bits/s
 (``*_bps``), counters as the datapath counts them, one entry per class.
 """
 from __future__ import annotations

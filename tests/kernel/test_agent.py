@@ -49,7 +49,7 @@ def test_fps_pair_shares_the_limit_3_to_7_and_every_flow_fairly(net3, agents):
     # The issue asks 3:7 +-10 % (0.27-0.33) and Jain >= 0.9.  Measured over 19 runs:
     # split 0.286-0.326 (mean 0.311: the max of 7 flows' rates overstates a little more
     # than the max of 3), Jain 0.986-0.998; 0.34 leaves room for a noisy machine.
-    # Without WAN_RTO_MIN neither holds (README "TCP on veth").
+    # Without WAN_RTO_MIN neither holds (docs/datapath.md "TCP on veth").
     assert 0.27 <= run.share <= 0.34, run.share
     assert jain(run.stream_bytes) >= 0.9, run.stream_bytes
     for st, other in zip(run.statuses, ("h2", "h1")):
@@ -63,7 +63,7 @@ def test_grd_pair_holds_the_global_limit_for_open_loop_traffic(net3, agents):
     """GRD against UDP at 8 + 12 Mbit/s: the drop probability cuts 20 to 10 Mbit/s.
 
     (Against TCP on a veth with microsecond RTTs random drop cannot hold a
-    limit at all, see README "GRD and TCP"; the paper's GRD runs had ~100 ms.)"""
+    limit at all, see docs/datapath.md "GRD and TCP"; the paper's GRD runs had ~100 ms.)"""
     h1, h2, h3 = net3.hosts
     a1, a2 = pair(agents, net3, "grd", "10mbit")
     with iperf3_server(h3) as s1, iperf3_server(h3) as s2:

@@ -1,4 +1,4 @@
-"""Peer identity with real agents (issue 19, item 4): a datagram signed with the real
+"""Peer identity with real agents: a datagram signed with the real
 cluster key, sent from a configured peer's address under another node id, is
 rejected as ``wrong_sender``, counted, and changes nothing; a forged jump in a
 peer's incarnation locks the real peer out for at most the liveness timeout.

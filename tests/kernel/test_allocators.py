@@ -52,7 +52,7 @@ def test_fps_newcomer_with_bbr_on_a_40ms_path_gets_its_share_within_3s(make_lab,
     the kernel's default RTO."""
     rates = newcomers_third_seconds(make_lab(star(4, new_run("nb"), delay="10ms")), tmp_path, "bbr")
     # measured 0.99-1.06 of the fair share (5 runs); 0.62-1.02 without the hold (0.65-0.71
-    # for the third newcomer), so the bar is above the issue's 0.7
+    # for the third newcomer), so the bar is above 0.7
     assert all(rate >= 0.85 * 12e6 / k for k, rate in enumerate(rates, 1)), rates
 
 

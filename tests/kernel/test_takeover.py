@@ -1,4 +1,4 @@
-"""Issue 19, items 2 and 3: nothing but the agent's own gossip skips the limiter, one agent
+"""Nothing but the agent's own gossip skips the limiter, one agent
 per interface, and a filter removed behind the agent's back is put back within a tick.
 
 Datapath tests run the real bpf/limiter.c on a veth pair (h1 -> h2, conftest's ``net``);
@@ -155,7 +155,7 @@ def test_a_second_exclusive_datapath_on_the_interface_is_refused(net, datapath):
 # -- real agents ------------------------------------------------------------------------------
 
 def test_udp_on_the_gossip_port_is_policed_while_gossip_flows(net3, agents):
-    """Issue 19: 20 Mbit/s of UDP to port 7470 went out unpoliced.  Now 10 Mbit/s to the
+    """20 Mbit/s of UDP to port 7470 went out unpoliced.  Now 10 Mbit/s to the
     port and 10 Mbit/s from it (another address, unmarked) through h1's 10 Mbit/s share
     are cut to it, and the agents' own gossip crosses the same limiter untouched."""
     h1, h2, h3 = net3.hosts

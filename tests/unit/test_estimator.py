@@ -112,7 +112,7 @@ def test_a_lone_flow_follows_its_class_at_the_demands_speed():
 
 def test_columns_match_a_flow_by_flow_reference():
     """The column form (agent/estimator.py) gives what the plain per-flow loop it replaced
-    gave (reference below, the code before issue 20), on random tables: flows entering,
+    gave (reference below, the code before the single-pass rewrite), on random tables: flows entering,
     leaving, reordered, touched or not, the same record object handed out again."""
     import random
 

@@ -1,4 +1,4 @@
-"""Joins, leaves and rejoins (issue 17): every allocator follows the PeerView's members.
+"""Joins, leaves and rejoins: every allocator follows the PeerView's members.
 
 Invariants, with C the global amount:
 

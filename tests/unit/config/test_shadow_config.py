@@ -1,4 +1,4 @@
-"""Shadow mode (issue 16 item 7) from the flag and the file to the datapath and the status.
+"""Shadow mode from the flag and the file to the datapath and the status.
 
 The kernel side (a would-be drop counted and passed) is tests/kernel/test_shadow.py.
 """

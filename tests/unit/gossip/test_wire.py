@@ -68,7 +68,7 @@ def test_round_trip(payload, key):
 
 def test_update_size():
     """Measured: the paper's update is 48 B with IP+UDP ([Raghavan07] §3.1);
-    ours is header + one class's value + 32-byte tag; the numbers go into the README."""
+    ours is header + one class's value + 32-byte tag; the numbers go into bench/RESULTS.md."""
     ours = encode(Message(header(), update(1_250_000.0)), KEY)
     insecure = encode(Message(header(), update(1_250_000.0)), None)
     assert len(ours) == len(insecure) + TAG_BYTES

@@ -1,4 +1,4 @@
-"""Issue 19 without a kernel datapath: the interface lock (agent/kernel/lock.py), the gossip mark's
+"""Without a kernel datapath: the interface lock (agent/kernel/lock.py), the gossip mark's
 option and checks, and the netlink parse of ensure_attached (agent/kernel/attach.py)."""
 from __future__ import annotations
 

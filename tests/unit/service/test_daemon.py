@@ -28,7 +28,7 @@ from daemon_harness import (CLASS_ID, DEFAULT, TWO, FakeDatapath, FakeShaper, ag
 B = ("10.0.0.2", 7470)
 C = ("10.0.0.3", 7470)
 
-# README, "Running agents": the keys of `drlctl status --json`.
+# docs/agent.md "Status": the keys of `drlctl status --json`.
 STATUS_KEYS = {
     "node_id", "interface", "allocator", "interval_s", "uptime_s", "listen", "authenticated",
     "global_limit_bps", "effective_limit_bps", "local_limit_bps", "safe_rate_bps", "mode",
@@ -37,17 +37,17 @@ STATUS_KEYS = {
     "gossip", "peers",
     # since classes: the default (or first) class's version and lost values, the lone-agent flag, every class
     "limit_version", "gossip_lost", "standalone", "classes", "ticks",
-    # issue 19: whether our filter is still attached
+    # whether our filter is still attached
     "datapath",
-    # issue 16 (metrics): tick durations and overruns, the default class's drops by reason
+    # tick durations and overruns, the default class's drops by reason
     "tick", "dropped_bytes_by_reason", "dropped_packets_by_reason",
-    # issue 16 item 7: shadow mode (what the class's dropped_* count would have been dropped)
+    # shadow mode (what the class's dropped_* count would have been dropped)
     "shadow",
-    # issue 17: etcd's state (null without --registry)
+    # etcd's state (null without --registry)
     "registry",
-    # issue 20 item 2: police or shape; and whether its HTB class holds (false: policed instead)
+    # police or shape; and whether its HTB class holds (false: policed instead)
     "enforce", "shaped",
-    # issue 15: per-client throttle and ban (the class's client rule and its refusals)
+    # per-client throttle and ban (the class's client rule and its refusals)
     "throttled_bytes", "throttled_packets", "banned_bytes", "banned_packets", "clients"}
 # The issue's contract for each entry of "classes".
 CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "local_limit_bps", "demand_bps",
