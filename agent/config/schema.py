@@ -269,7 +269,7 @@ FIELDS: tuple[Field, ...] = (
     Field("ewma", "--ewma", FloatRange(0, 1, hi_open=True), scope=CLASS, default=0.1, show_default=True,
           help="Share of an estimate still present after one second (the paper's 1-second EWMA; 0 = none)."),
     Field("flow_ewma", "--flow-ewma", FloatRange(0, 1, hi_open=True), scope=CLASS, default=0.8, show_default=True,
-          help="Share of a flow's byte share still present after one second (FPS's flow rates; docs/datapath.md "TCP on veth")."),
+          help="Share of a flow's byte share still present after one second (FPS's flow rates; docs/datapath.md, TCP on veth)."),
     Field("sample_probability", "--sample-probability", PROBABILITY,
           "Probability that a new flow enters the flow table (FPS's sample set) [default: fps 0.1, others 1]."),
     Field("max_flows", "--max-flows", IntRange(lo=16), default=4096, show_default=True,
