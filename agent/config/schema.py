@@ -41,6 +41,7 @@ DEFAULT_PORT = 7470
 # The control socket: agent/service/control.py serves it, a layer above this one, so the
 # value is written here too (tests/unit/config/test_schema.py holds the two equal).
 DEFAULT_SOCKET = "/run/drl/agent.sock"
+MAX_CLASSES = 65536          # --max-classes' ceiling: a file with more [[class]] tables is refused unread
 
 AGENT, CLASS, CLASS_ONLY = "agent", "class", "class only"
 
@@ -274,7 +275,7 @@ FIELDS: tuple[Field, ...] = (
           "Probability that a new flow enters the flow table (FPS's sample set) [default: fps 0.1, others 1]."),
     Field("max_flows", "--max-flows", IntRange(lo=16), default=4096, show_default=True,
           help="Flow table size (the kernel keeps two maps of this many flows, ~130 bytes each)."),
-    Field("max_classes", "--max-classes", IntRange(1, 65536), default=4096, show_default=True,
+    Field("max_classes", "--max-classes", IntRange(1, MAX_CLASSES), default=4096, show_default=True,
           help="Classes the datapath has room for (a load-time size)."),
     Field("max_clients", "--max-clients", IntRange(1024, 2**24), default=MAX_CLIENTS, show_default=True,
           help="Per-client windows the datapath keeps, LRU (a load-time size: ~128 bytes of kernel memory each, "

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from drl.agent.cluster.registry import NAME     # one rule for class names: a class is also a key in etcd
-from drl.agent.config.schema import BY_KEY, CLASS_OPTIONS, FIELDS, PER_CLASS_ONLY, Field, OptionError
+from drl.agent.config.schema import BY_KEY, CLASS_OPTIONS, FIELDS, MAX_CLASSES, PER_CLASS_ONLY, Field, OptionError
 
 
 class ConfigFileError(Exception):
@@ -88,12 +88,13 @@ def read(path: str) -> FileConfig:
     tables = data.get("class", [])
     if not isinstance(tables, list):
         raise ConfigFileError(f"{src.at('class', None, None)}: write classes as [[class]] tables")
+    if len(tables) > MAX_CLASSES:       # before parsing them: a million tables cost minutes
+        raise ConfigFileError(f"{path}: {len(tables)} [[class]] tables, at most {MAX_CLASSES} (--max-classes)")
     classes = tuple(_class(src, t, i) for i, t in enumerate(tables))
-    names = [c["name"] for c in classes]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup:
-        raise ConfigFileError(f"{src.at('class', names.index(dup, names.index(dup) + 1), 'name')}: "
-                              f"class {dup!r} defined twice")
+    first: dict[str, int] = {}
+    for i, c in enumerate(classes):
+        if first.setdefault(c["name"], i) != i:
+            raise ConfigFileError(f"{src.at('class', i, 'name')}: class {c['name']!r} defined twice")
     return FileConfig(agent, classes)
 
 

@@ -33,6 +33,7 @@ import functools
 import hmac
 import math
 import os
+import stat
 from dataclasses import dataclass
 from typing import NamedTuple, Union
 
@@ -50,6 +51,7 @@ VERSION = 4
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
 MIN_KEY_BYTES = 16
+MAX_KEY_FILE = 4096       # bytes a key file may hold (a key is 32 random bytes in base64)
 
 log = logs.get_logger("drl.wire")
 
@@ -424,14 +426,20 @@ def load_key(path: str | os.PathLike) -> bytes:
     and give every node the same file.
     """
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is read,
+        # and only so much of it (/dev/zero would be read until memory ran out)
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
             mode = os.fstat(f.fileno()).st_mode
-            key = f.read().strip()
+            if not stat.S_ISREG(mode):
+                raise KeyFileError(f"key file {path} is not a regular file")
+            key = f.read(MAX_KEY_FILE + 1).strip()
     except FileNotFoundError:
         raise KeyFileError(f"key file {path} does not exist (make one: "
                            f"head -c 32 /dev/urandom | base64 > {path})") from None
     except OSError as e:
         raise KeyFileError(f"key file {path} is not readable: {e.strerror}") from None
+    if len(key) > MAX_KEY_FILE:
+        raise KeyFileError(f"key file {path} is larger than {MAX_KEY_FILE} bytes: not a key")
     if not key:
         raise KeyFileError(f"key file {path} is empty")
     if len(key) < MIN_KEY_BYTES:

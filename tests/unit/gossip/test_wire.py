@@ -185,6 +185,9 @@ def test_load_key(tmp_path, caplog):
 @pytest.mark.parametrize("setup,message", [
     (lambda p: None, "does not exist"),
     (lambda p: p.mkdir(), "is not readable: Is a directory"),
+    (lambda p: os.mkfifo(p), "is not a regular file"),            # opening it must not wait for a writer
+    (lambda p: p.symlink_to("/dev/zero"), "is not a regular file"),   # nor read until memory runs out
+    (lambda p: p.write_bytes(b"k" * 5000), "larger than 4096 bytes"),
     (lambda p: p.write_bytes(b" \n"), "is empty"),
     (lambda p: p.write_bytes(b"short\n"), "holds 5 bytes; need at least 16"),
 ])
