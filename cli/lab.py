@@ -70,7 +70,10 @@ def _progress(line: str) -> None:
 @click.option("--duration", type=DURATION, help="Squeeze the whole schedule into this long, e.g. 20s.")
 @click.option("--repeat", type=click.IntRange(min=1), help="Runs per allocator [default: the file's].")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory [default: results/NAME].")
-def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, repeat: int | None, out: Path | None) -> None:
+@click.option("--on", "on", type=click.Choice(["netns", "vagrant"]), default="netns", show_default=True,
+              help="Where: network namespaces, or VMs of the Vagrant twin on libvirt (vagrant/README.md).")
+def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, repeat: int | None, out: Path | None,
+        on: str) -> None:
     """Run a built-in experiment or an experiment file; writes DIR/result.json and PNG plots.
 
     \b
@@ -78,6 +81,7 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
       drl-lab run baseline
       drl-lab run baseline --allocator fps --allocator ctb --duration 20s --repeat 5
       drl-lab run ./mine.toml --out /tmp/mine
+      drl-lab run baseline --on vagrant --allocator fps --duration 30s
     """
     require_extra("lab", "numpy", "matplotlib")
     from drl.lab.registry import resolve
@@ -87,7 +91,12 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
         exp = resolve(name_or_file)
         if duration:
             exp = exp.scaled(duration)
-        summary = run_experiment(exp, out or Path("results") / exp.name, list(allocators) or None, repeat, _progress)
+        if on == "vagrant":   # one run per allocator: each boots its VMs
+            from drl.lab.vagrant import run_on_vagrant
+            summary = run_on_vagrant(exp, out or Path("results") / exp.name, list(allocators) or None, _progress)
+        else:
+            summary = run_experiment(exp, out or Path("results") / exp.name, list(allocators) or None, repeat,
+                                     _progress)
         click.echo(render(summary))
         if any(r.get("faults") for r in summary["runs"]):
             click.echo("\n" + render_faults(summary))

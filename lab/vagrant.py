@@ -396,8 +396,11 @@ def _vm_run(exp: Experiment, alloc: str, out: Path, box: Path, work: Path, tcg: 
                     for cmd in plan.shaping_commands(link, item.rate_Bps):
                         ns, dev = cmd[2], cmd[6]
                         end = next(i for v in plan.veths for i in (v.a, v.b) if plan.ns(i.host) == ns and i.name == dev)
-                        vms.run(end.host, f"dev=$(ip -o -4 addr show | awk '$4 ~ \"^{end.addr}/\" {{print $2}}'); "
-                                          f"sudo tc qdisc replace dev $dev root {' '.join(cmd[8:])}", check=False)
+                        # not waited for: ssh under TCG takes seconds, the schedule goes on
+                        clients.append(vms.popen(
+                            end.host, f"dev=$(ip -o -4 addr show | awk '$4 ~ \"^{end.addr}/\" {{print $2}}'); "
+                                      f"sudo tc qdisc replace dev $dev root {' '.join(cmd[8:])}",
+                            stdout=subprocess.DEVNULL))
                     progress(f"   t={now:5.1f}s  link {'-'.join(item.link)} now {to_bps(item.rate_Bps) / 1e6:g} Mbit/s")
             time.sleep(DT)
         for p in clients:
