@@ -267,14 +267,16 @@ while True:
 
 
 class _Probe:
-    """Reads PROBE's lines from one VM on a thread; times on the host's run clock (the
-    first line anchors the VM's clock to it)."""
+    """Reads PROBE's lines from one VM on a thread.  Times are the host's monotonic clock
+    (the first line anchors the VM's clock to it); ``since(t0)`` gives them on the run's
+    clock.  Started before the run: a probe's Python takes seconds to start under TCG, and
+    the sink's first seconds would be missing from the aggregate."""
 
-    def __init__(self, vms: VagrantCluster, host: str, sock: str, addr: str, t0: float):
+    def __init__(self, vms: VagrantCluster, host: str, sock: str, addr: str):
         import threading
         self.rx: list[tuple[float, int]] = []
         self.status: list[tuple[float, dict]] = []
-        self.t0, self.offset = t0, None
+        self.offset = None
         self.proc = vms.popen(host, f"sudo /opt/drl/bin/python3 -u -c {_quote(PROBE)} {sock} {addr}",
                               stdout=subprocess.PIPE)
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -287,12 +289,15 @@ class _Probe:
             except ValueError:
                 continue
             if self.offset is None:
-                self.offset = time.monotonic() - self.t0 - doc["t"]
+                self.offset = time.monotonic() - doc["t"]
             t = doc["t"] + self.offset
             if "rx" in doc:
                 self.rx.append((t, doc["rx"]))
             else:
                 self.status.append((t, doc["status"]))
+
+    def since(self, samples: list, t0: float) -> list:
+        return [(t - t0, v) for t, v in samples if t >= t0]
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -374,12 +379,17 @@ def _vm_run(exp: Experiment, alloc: str, out: Path, box: Path, work: Path, tcg: 
             servers.append((g, vms.popen(g.server_host, " ".join(argv),
                                          stdout=open(g.report(out) if g.traffic.kind != "web"
                                                      else out / f"web-server{g.index}.log", "w"))))
-        time.sleep(5)   # the servers listen before the first client starts (ssh under TCG is slow)
-        t0 = time.monotonic()
         sink_addr = addr[exp.sink][0]
-        probes = {h: _Probe(vms, h, VM_SOCKET, sink_addr if h == exp.sink else "-", t0) for h in hosts}
+        probes = {h: _Probe(vms, h, VM_SOCKET, sink_addr if h == exp.sink else "-") for h in hosts}
         if exp.sink not in probes:
-            probes[exp.sink] = _Probe(vms, exp.sink, "-", sink_addr, t0)
+            probes[exp.sink] = _Probe(vms, exp.sink, "-", sink_addr)
+        # the servers listen and every probe reports before the schedule starts (ssh and
+        # Python under TCG take seconds)
+        deadline = time.monotonic() + 120
+        while any(p.offset is None for p in probes.values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1)
+        t0 = time.monotonic()
         actions = sorted([(g.traffic.start_s, "start", g) for g in groups] + [(e.at_s, "event", e) for e in exp.events],
                          key=lambda a: a[0])
         launched, clients = {}, []
@@ -413,8 +423,9 @@ def _vm_run(exp: Experiment, alloc: str, out: Path, box: Path, work: Path, tcg: 
         for p in probes.values():
             p.stop()
     meter = SinkMeter.__new__(SinkMeter)   # the sink's samples, read on the VM
-    meter.samples = probes[exp.sink].rx
-    agents = [Agent(h, VM_SOCKET, None, out / "vagrant.log", samples=probes[h].status) for h in hosts]
+    meter.samples = probes[exp.sink].since(probes[exp.sink].rx, t0)
+    agents = [Agent(h, VM_SOCKET, None, out / "vagrant.log", samples=probes[h].since(probes[h].status, t0))
+              for h in hosts]
     result = analyse(exp, alloc, plan.run, 0, groups, launched, meter, agents, out)
     result["on"] = {"vagrant": {"tcg": tcg, "memory_mib": memory_mib, "box": box.name}}
     (out / "result.json").write_text(json.dumps(result, indent=1))
