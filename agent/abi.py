@@ -18,7 +18,7 @@ MAX_FLOWS = 4096
 MAX_CLASSES = 4096
 # Per-client state (bpf/clients.h): MAX_CLIENTS sliding windows in the
 # client_windows LRU map, which preallocates (an LRU cannot be BPF_F_NO_PREALLOC): ~16 MiB of
-# kernel memory at 131,072 (bench/README.md, "Per-client accounting").  Heavy clients
+# kernel memory at 131,072 (bench/HISTORY.md, "Per-client accounting").  Heavy clients
 # (client_heavy: flagged by the program, drained by the agent every tick), throttled and
 # banned clients (client_limits, client_bans) and exempt prefixes (client_exempt) are few and
 # take memory only for what they hold (BPF_F_NO_PREALLOC).
@@ -125,7 +125,7 @@ MODE_DROP = 2
 # What a policed packet gets, a load-time choice passed as DROP_ACTION: TC_ACT_STOLEN by
 # default, TC_ACT_SHOT on request.  SHOT returns NET_XMIT_DROP to the local TCP stack, which
 # enters CWR on every drop; STOLEN looks like a loss on the wire.  Measured in
-# bench/README.md ("drop action").
+# bench/HISTORY.md ("drop action").
 DROP_ACTIONS = {"shot": 2, "stolen": 4}   # TC_ACT_SHOT, TC_ACT_STOLEN
 
 

@@ -20,7 +20,7 @@ from drl.agent import abi
 
 # FPS slow start ([Raghavan07] end of §3.2.2): 10 full frames a
 # second (TCP's initial window) still pass a token bucket set below that rate
-# (bpf/limiter.c police; agent/kernel/datapath.py writes it to every class config).
+# (bpf/police.h police; agent/kernel/datapath.py writes it to every class config).
 SLOW_START_Bps = 10 * 1514
 
 
@@ -47,7 +47,7 @@ _NO_INFO: Mapping[str, Any] = MappingProxyType({})
 
 
 class Mode(enum.IntEnum):
-    """What the BPF program does with a class (bpf/limiter.c police)."""
+    """What the BPF program does with a class (bpf/police.h police)."""
     PASS = abi.MODE_PASS
     BUCKET = abi.MODE_BUCKET
     DROP = abi.MODE_DROP

@@ -12,7 +12,7 @@
  * and masked address, and settings lists the lengths in use: a packet costs
  * one hash lookup per length in use, whatever the number of classes.  An LPM
  * trie walks one node per level: 4,096 /24s cost +35 % per packet there
- * (bench/README.md, "classification"). */
+ * (bench/HISTORY.md, "classification"). */
 BPF_F_TABLE("hash", struct net_key, struct rule_list, dst_nets, MAX_KEYS, BPF_F_NO_PREALLOC); /* agent writes; longest_prefix reads */
 BPF_F_TABLE("hash", struct net_key, struct rule_list, src_nets, MAX_KEYS, BPF_F_NO_PREALLOC); /* agent writes; longest_prefix reads */
 BPF_F_TABLE("hash", struct mark_key, struct rule_list, marks, MAX_KEYS, BPF_F_NO_PREALLOC);       /* agent writes; by_mark reads */
@@ -154,7 +154,7 @@ static __always_inline int agent_ports(const struct settings *s, const struct fl
  * copies sk_mark to skb->mark for every datagram it builds).  Both must
  * hold: any socket may use the port (another address, or as destination),
  * and only CAP_NET_ADMIN can set a mark.  Everything else on the port is
- * traffic like any other (issue 19: the port alone was a bypass).  With a
+ * traffic like any other (the port alone was a bypass).  With a
  * registry, its TCP connections to etcd's port carry the same mark
  * (agent/cluster/etcd.py): a lease renewal dropped by a class that matches every
  * packet would make the agent leave its own cluster. */

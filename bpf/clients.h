@@ -18,7 +18,7 @@
  * that the agent reads those and the few it follows, never all of them.  LRU:
  * a flood of new clients (spoofed sources) evicts idle entries, not the
  * clients that keep sending; an LRU map is always preallocated (its memory:
- * bench/README.md, "Per-client accounting").  Bans are a plain hash: an
+ * bench/HISTORY.md, "Per-client accounting").  Bans are a plain hash: an
  * eviction would unban.  The others take memory only for what they hold. */
 BPF_TABLE("lru_hash", struct client_key, struct client_window, client_windows, MAX_CLIENTS); /* count_client writes; agent reads followed clients */
 BPF_F_TABLE("hash", struct client_key, __u8, client_heavy, MAX_CLIENT_HEAVY,
@@ -200,7 +200,7 @@ static __always_inline int throttle(const struct class_config *c, struct client_
  * (clear_gen; 0: not clear), and the agent moves client_gen on whenever it
  * bans a client or throttles a new one.  So a class with bans or throttled
  * clients costs its other clients one lookup of each per new ban or
- * throttle, not per packet (~40 ns each: bench/README.md, "Per-client
+ * throttle, not per packet (~40 ns each: bench/HISTORY.md, "Per-client
  * accounting"). */
 static __always_inline __u64 clients(struct __sk_buff *skb, const struct settings *s, const struct class_config *c,
 				     const struct flow_key *k, __u32 class_id, __u64 len, __u64 now)

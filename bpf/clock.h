@@ -10,7 +10,7 @@ BPF_PERCPU_ARRAY(clock_cache, struct clock_cache, 1);     /* clock_ns's own */
  * jiffy (4 ms at HZ=250), which changes once a jiffy, so each CPU reads it
  * once a jiffy and keeps it with the jiffy it belongs to: a packet pays
  * bpf_jiffies64 (one load) and a compare, not the ~15 ns of the timekeeper's
- * read, nor the ~35 ns of bpf_ktime_get_ns (bench/README.md, "per packet").
+ * read, nor the ~35 ns of bpf_ktime_get_ns (bench/HISTORY.md, "per packet").
  * A packet that sees a new jiffy before the tick updated the timekeeper keeps
  * the old time for that jiffy: now lags by up to two jiffies.  The bucket
  * loses nothing but the lag (take_tokens); the fail-safe compares against the

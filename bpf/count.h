@@ -10,7 +10,7 @@ BPF_PERCPU_ARRAY(bypass_counters, struct counters, 1);   /* bypass writes; agent
 /* The bytes the limit counts: the L2 frame as the kernel's qdiscs (tbf)
  * count it, qdisc_skb_cb(skb)->pkt_len = skb->len + (gso_segs - 1) * header
  * length.  So a GSO skb is charged for every frame it becomes on the wire,
- * Ethernet header included, FCS and preamble not (bench/README.md). */
+ * Ethernet header included, FCS and preamble not (bench/HISTORY.md). */
 static __always_inline __u64 wire_bytes(struct __sk_buff *skb)
 {
 	return skb->wire_len;

@@ -22,7 +22,7 @@ BPF_TABLE("hash", struct flow_key, struct flow_stats, flows_visited, MAX_FLOWS);
  * A visit (an LRU lookup, atomic adds on a line other CPUs write, an update
  * of flows_visited) cost 500-900 ns live with its lines cold, and every CPU
  * paid ~4,000 a second when packets visited at random: at 16 TCP flows that
- * was most of the program's cost over a trivial one (bench/README.md, "Per
+ * was most of the program's cost over a trivial one (bench/HISTORY.md, "Per
  * packet").  Now a flow sending on one CPU visits ~60 times a second, with
  * exact counts. */
 
@@ -45,7 +45,7 @@ static __always_inline __u32 visit_every(struct counters *ctr, __u64 now)
 /* The flow's entry as this visit left it, for the agent: it drains this map
  * every tick (one lookup-and-delete batch) and so reads the few hundred
  * entries visited, not the whole table (20,000 entries cost ~5 ms of
- * syscalls a tick: bench/README.md, "Agent cost with many flows").  An
+ * syscalls a tick: bench/HISTORY.md, "Agent cost with many flows").  An
  * update, not a copy into the entry found: it replaces the element under the
  * bucket's lock, which the drain takes too, so a visit lands either in what
  * this tick's drain reads or in what stays for the next one (a copy into an
@@ -193,7 +193,7 @@ static __always_inline struct flow_memo *memo_of(const struct settings *s, const
 
 /* classify, remembered in the flow's memo slot: the rules' hash probes and
  * compares were ~60 ns of the program's ~75 over a trivial program under
- * BPF_PROG_TEST_RUN (bench/README.md "Per packet"), and a flow's packets all
+ * BPF_PROG_TEST_RUN (bench/HISTORY.md "Per packet"), and a flow's packets all
  * get the same answer.  The answer holds while settings.rules_gen is the
  * generation it was found in; the agent moves rules_gen on at the end of
  * every change of the rules (Datapath.set_rules), so from then on no packet

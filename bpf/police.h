@@ -123,7 +123,7 @@ static __always_inline void rescale(struct gcra *b, const struct policy *p, __u6
  * A GSO skb passes or drops whole (it is one skb until the driver splits
  * it), so a packet passes while any credit is left (tat < now) and may take
  * the bucket into debt: a 64 KiB GSO skb is never starved by a bucket that
- * small packets keep from filling up (bench/README.md, "bucket depth").
+ * small packets keep from filling up (bench/HISTORY.md, "bucket depth").
  *
  * Lock-free: a passed packet adds its cost to tat with one atomic add; a
  * refused one writes nothing (the price of shadow mode and of drops is one

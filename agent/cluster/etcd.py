@@ -78,7 +78,7 @@ class Gateway:
 
     def _marked(self, address: HostPort, timeout: float | None = None, source_address=None) -> socket.socket:
         """socket.create_connection with SO_MARK set before the SYN, so that every packet of the
-        connection carries it (bpf/limiter.c exempt)."""
+        connection carries it (bpf/classify.h exempt)."""
         error: OSError = OSError(f"cannot resolve {address[0]}")
         for family, kind, proto, _, sockaddr in socket.getaddrinfo(*address, type=socket.SOCK_STREAM):
             sock = socket.socket(family, kind, proto)

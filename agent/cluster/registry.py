@@ -84,7 +84,7 @@ def parse_registry(text: str) -> tuple[HostPort, ...]:
     if dups:
         raise RegistryError(f"--registry: endpoint listed twice: {', '.join(dups)}")
     if len({port for _, port in endpoints}) > 1:
-        # the datapath lets the agent's etcd connections pass by their port (bpf/limiter.c exempt)
+        # the datapath lets the agent's etcd connections pass by their port (bpf/classify.h exempt)
         raise RegistryError(f"--registry: give every endpoint the same port, got {text!r}")
     return endpoints
 

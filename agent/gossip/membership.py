@@ -223,7 +223,7 @@ class Membership:
 
     def may_still_pass(self, local_Bps: float | None, last_seen: float, now: float, safe_Bps: float) -> float:
         """What a silent peer's datapath may pass now: the larger of the local limit it last
-        told us and the safe rate until its fail-safe has surely started (bpf/limiter.c
+        told us and the safe rate until its fail-safe has surely started (bpf/police.h
         policy_of), then the safe rate.  Not less than the safe rate before: a silent peer
         may be alive and unheard, holding itself to the safe rate (model.heard_cap).  Its last
         config write is within ``slack_s`` of the last datagram we had from it, so its

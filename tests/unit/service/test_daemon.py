@@ -107,7 +107,7 @@ def test_a_failure_in_the_loop_leaves_the_datapath_enforcing_and_a_stop_detaches
 
 
 def test_a_config_is_written_when_it_changes_and_the_heartbeat_every_tick(tmp_path):
-    # bpf/limiter.c stale: the heartbeat keeps an unchanged config fresh, so it is not written again
+    # bpf/police.h stale: the heartbeat keeps an unchanged config fresh, so it is not written again
     cfg = config(tmp_path, "--global", "12mbit", "--allocator", "static", "--peers", "b@10.0.0.2:7470")
     dp = FakeDatapath()
     with agent(cfg, dp) as a:
