@@ -43,7 +43,7 @@ from types import SimpleNamespace
 
 from drl.agent import abi
 from drl.agent.classes.spec import ClassRule
-from drl.agent.clients.table import client_rule, parse_client_key, parse_prefix, parse_threshold
+from drl.agent.clients.rules import client_rule, parse_client_key, parse_prefix, parse_threshold
 from drl.agent.kernel.datapath import Datapath
 from drl.agent.model import Mode
 from drl.agent.service.client_rules import ClientRules

@@ -45,8 +45,7 @@ single-host client above threshold/N for a round, which is the common,
 legitimate case; docs/clients.md compares the two.
 
 The rules (``clients.rules``), the sliding windows (``clients.windows``) and the reports with
-their size (``clients.reports``) live in their own modules; their names are importable from
-here too, as the layers above have always imported them.
+their size (``clients.reports``) live in their own modules.
 """
 from __future__ import annotations
 
@@ -54,21 +53,10 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from drl.agent.clients.reports import (MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport, ban_note_bytes,
-                                       report_bytes)
-from drl.agent.clients.rules import (ACTIONS, HOST_LENGTH, MEASURES, RATE_WINDOW_s, SIDES, Client, ClientKey,
-                                     ClientRule, ClientRuleError, Network, Threshold, client_rule,
-                                     parse_client_key, parse_prefix, parse_threshold)
-from drl.agent.clients.windows import Windows, sliding_count
+from drl.agent.clients.reports import MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport
+from drl.agent.clients.rules import Client, ClientRule, Network
+from drl.agent.clients.windows import Windows
 
-# The names other layers import from here: the rules, windows and reports as well as the table.
-__all__ = [
-    "ACTIONS", "HOST_LENGTH", "MEASURES", "RATE_WINDOW_s", "SIDES", "Client", "ClientKey", "ClientRule",
-    "ClientRuleError", "Network", "Threshold", "client_rule", "parse_client_key", "parse_prefix",
-    "parse_threshold", "Windows", "sliding_count", "MAX_BAN_NOTES", "REPORT_K", "BanNote", "ClientReport",
-    "ban_note_bytes", "report_bytes", "REPORT_FRACTION", "FLOOR_FRACTION", "RELEASE_FRACTION",
-    "ClientTick", "ClientRow", "throttle_share", "ClientTable",
-]
 
 REPORT_FRACTION = 0.5         # report a client at half a fair share: threshold x 0.5 / N
 

@@ -20,7 +20,7 @@ from drl.agent.allocators import allocator_class, create
 from drl.agent.allocators.common import ParameterError
 from drl.agent.classes.spec import ClassRule, ClassSpecError, parse_classes
 from drl.agent.kernel.classify import ClassifyError, compile_rules
-from drl.agent.clients.table import ClientRule, ClientRuleError, client_rule
+from drl.agent.clients.rules import ClientRule, ClientRuleError, client_rule
 from drl.agent.gossip.membership import liveness_timeout
 from drl.agent.model import Allocator
 from drl.agent.gossip.peers import AddressError, HostPort, Peer, parse_hostport, parse_peers

@@ -35,7 +35,7 @@ from typing import Any, Callable
 from drl.agent import logs, units
 from drl.agent.abi import GOSSIP_MARK, MAX_CLIENTS
 from drl.agent.allocators import names as allocator_names
-from drl.agent.clients import table as clients
+from drl.agent.clients import rules as clients
 
 DEFAULT_PORT = 7470
 # The control socket: agent/service/control.py serves it, a layer above this one, so the

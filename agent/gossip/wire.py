@@ -41,7 +41,7 @@ from google.protobuf.message import DecodeError
 
 from drl.agent.gossip import drl_pb2
 from drl.agent import logs, units
-from drl.agent.clients.table import BanNote, ClientReport, report_bytes
+from drl.agent.clients.reports import BanNote, ClientReport, report_bytes
 from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
 # 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one

@@ -15,7 +15,8 @@ from typing import Iterable, Mapping
 from pyroute2.netlink.exceptions import NetlinkError
 
 from drl.agent import abi
-from drl.agent.clients.table import Client, ClientRule, sliding_count
+from drl.agent.clients.rules import Client, ClientRule
+from drl.agent.clients.windows import sliding_count
 from drl.agent.kernel.bucket import unit_times
 from drl.agent.kernel.class_maps import BURST_TIME_S, default_burst
 from drl.agent.kernel.maps import DatapathError, lookup_batch, lib, next_gen, now_ns, put, words

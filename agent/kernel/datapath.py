@@ -95,7 +95,7 @@ from typing import Sequence
 
 from drl.agent import abi
 from drl.agent.classes.spec import ClassRule
-from drl.agent.clients.table import Client, ClientRule
+from drl.agent.clients.rules import Client, ClientRule
 from drl.agent.kernel import caps, loader, lock
 from drl.agent.kernel.attach import FILTER_HANDLE, FILTER_NAME, FILTER_PRIO, INGRESS_NAME, Attachment, open_link
 from drl.agent.kernel.bucket import bucket_times

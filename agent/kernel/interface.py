@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, ContextManager, Iterable, Mapping, Protocol, Sequence
 
 from drl.agent.classes.spec import ClassRule
-from drl.agent.clients.table import Client, ClientRule
+from drl.agent.clients.rules import Client, ClientRule
 from drl.agent.model import Mode
 
 

@@ -17,7 +17,7 @@ import pytest
 from drl.agent import abi
 from drl.agent.kernel.bucket import cost_ns, unit_times
 from drl.agent.classes.spec import parse_classes
-from drl.agent.clients.table import client_rule, parse_client_key, parse_prefix, parse_threshold
+from drl.agent.clients.rules import client_rule, parse_client_key, parse_prefix, parse_threshold
 from drl.agent.kernel.datapath import DatapathError
 from drl.agent.model import Mode
 from drl.lab.errors import LabError

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from drl.agent import units
-from drl.agent.clients.table import MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport
+from drl.agent.clients.reports import MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport
 from drl.agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 from drl.agent.gossip.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassClients, ClassValue, ClientReports, Header,
                         KeyFileError, LimitNote, Message, Reason, SeqWindow, decode, encode, load_key, pack_reports)
