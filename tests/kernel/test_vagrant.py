@@ -1,10 +1,11 @@
-"""The Vagrant twin boots and measures: two VMs from scripts/build-box.sh's box, on a
-libvirtd of the test's own (in its own network namespace, lab/vagrant.py's
+"""The Vagrant twin boots and measures: two limiter VMs from scripts/build-box.sh's box,
+on a libvirtd of the test's own (in its own network namespace, lab/vagrant.py's
 PrivateLibvirt), one FPS agent each sharing 10 Mbit/s between 1 and 3 TCP flows.
 
-Each VM sends its flows to the other over the one isolated link between them (no
-traffic leaves the test's VMs); a 20 ms netem delay on each side gives the flows the
-lab's 40 ms RTT (lab/experiments/baseline.toml).  QEMU emulates (TCG) unless
+Both send to a third VM, the sink, on one isolated network (no traffic leaves the
+test's VMs; a limiter's egress carries only its own flows, not the ACKs of the
+other's, which FPS would count as flows too); a 20 ms netem delay on every VM gives
+the flows the lab's 40 ms RTT (lab/experiments/baseline.toml).  QEMU emulates (TCG) unless
 DRL_VAGRANT_TCG=0: this machine's /dev/kvm cannot boot a Debian kernel.  Takes minutes:
 the box (built once, then cached in /var/cache/drl-test), two VMs booting, and bcc
 compiling limiter.c in each.
@@ -27,7 +28,8 @@ pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 GLOBAL_BPS = 10_000_000
 FLOWS = {"l1": 1, "l2": 3}
-ADDR = {"l1": "10.1.0.1", "l2": "10.1.0.2"}
+ADDR = {"l1": "10.1.0.1", "l2": "10.1.0.2", "sink": "10.1.0.3"}
+LIMITERS = ("l1", "l2")
 WARMUP_S, MEASURE_S = 10, 30
 
 
@@ -44,19 +46,18 @@ def topology() -> dict:
 
     return {
         "experiment": "vmtest", "allocators": ["fps"], "rto_min": None, "events": [],
-        "hosts": [{"name": h, "role": "limiter", "ctl_addr": None, "routes": [],
+        "hosts": [{"name": h, "role": "limiter" if h in LIMITERS else "sink", "ctl_addr": None, "routes": [],
                    "links": [{"net": "link0", "addr": ADDR[h], "prefix": 24, "rate_bps": None,
                               "delay_ms": 20.0, "jitter_ms": 0.0, "loss_pct": 0}]} for h in ADDR],
-        "agents": {"fps": {h: agent(h) for h in ADDR}},
-        "traffic": [{"label": f"{h}:tcp", "client": h, "server": other[h],
+        "agents": {"fps": {h: agent(h) for h in LIMITERS}},
+        "traffic": [{"label": f"{h}:tcp", "client": h, "server": "sink",
                      "server_argv": ["iperf3", "-s", "-p", str(5201 + i)],
-                     "client_argv": client_argv(h, i)} for i, h in enumerate(ADDR)],
+                     "client_argv": client_argv(h, i)} for i, h in enumerate(LIMITERS)],
     }
 
 
 def client_argv(host: str, i: int) -> list[str]:
-    peer = ADDR["l2" if host == "l1" else "l1"]
-    return ["iperf3", "-c", peer, "-p", str(5201 + i), "-t", str(MEASURE_S), "-O", str(WARMUP_S),
+    return ["iperf3", "-c", ADDR["sink"], "-p", str(5201 + i), "-t", str(MEASURE_S), "-O", str(WARMUP_S),
             "-P", str(FLOWS[host]), "-C", "cubic", "-J"]
 
 
@@ -87,17 +88,17 @@ def test_two_vms_share_the_limit_by_flow_count(box, tmp_path):
             except Exception:
                 pytest.fail(f"vagrant up failed:\n{(tmp_path / 'vagrant.log').read_text()[-4000:]}")
             times["up"] = time.monotonic() - t0
-            for h in ADDR:
+            for h in LIMITERS:
                 times[f"agent {h}"] = vms.wait_agent(h)
             t0 = time.monotonic()
             procs = {h: vms.popen(h, " ".join(client_argv(h, i)), stdout=open(work / f"{h}.json", "w"))
-                     for i, h in enumerate(ADDR)}
+                     for i, h in enumerate(LIMITERS)}
             for h, p in procs.items():
                 _, err = p.communicate(timeout=WARMUP_S + MEASURE_S + 120)
                 assert p.returncode == 0, f"iperf3 on {h}: {err.decode()[-2000:]}"
             times["traffic"] = time.monotonic() - t0
         rates = {h: json.loads((work / f"{h}.json").read_text())["end"]["sum_received"]["bits_per_second"]
-                 for h in ADDR}
+                 for h in LIMITERS}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
