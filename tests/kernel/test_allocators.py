@@ -24,7 +24,10 @@ def newcomers_third_seconds(net, tmp_path, cc: str) -> list[float]:
     """Three single-flow limiters under FPS, 12 Mbit/s, one iperf3 flow (``cc``) joining
     every 6 s at a limiter that had none: each newcomer's passed bits in its third second."""
     limiters, sink = net.hosts[:3], net.hosts[3]
-    running = Cluster(net, tmp_path).start_mesh(limiters, "fps", "12mbit", "--interval", "50ms")
+    # the paper's FPS polices: its newcomer logic reads the bucket's refusals (fps.py refused_share),
+    # which a shaped class does not make
+    running = Cluster(net, tmp_path).start_mesh(limiters, "fps", "12mbit", "--interval", "50ms",
+                                                "--enforce", "police")
     clients, rates = [], []
     for k, (host, agent) in enumerate(zip(limiters, running), 1):
         srv = iperf3_server(sink)
@@ -60,7 +63,7 @@ def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_star, tm
     net = make_star(4)
     h1, h2, sink1, sink2 = net.hosts
     agents = Cluster(net, tmp_path)
-    a1, a2 = agents.start_mesh([h1, h2], "fps", "10mbit", "--interval", "50ms")
+    a1, a2 = agents.start_mesh([h1, h2], "fps", "10mbit", "--interval", "50ms", "--enforce", "police")
     with iperf3_server(sink1) as s1, iperf3_server(sink2) as s2:
         c1 = iperf3_start(h1, s1, seconds=20, streams=5)
         c2 = iperf3_start(h2, s2, seconds=20, streams=5)
