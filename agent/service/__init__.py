@@ -1,6 +1,7 @@
 """The service: the tick loop wiring every layer, and the operator's ways in.
 
-Owns the daemon, its loop and tick (``daemon``) and what the agent holds
+Owns the daemon, its loop and tick (``daemon``; what one class or datagram throws is
+caught and counted there: ``tick_errors``) and what the agent holds
 beside it: the control commands (``commands``), the status tree (``status``),
 following etcd's members and classes (``registry_sync``), limits between
 peers (``limit_gossip``), drops by reason (``drops``), the change log lines

@@ -68,6 +68,7 @@ from drl.agent.service.metrics import Board, MetricsError, MetricsServer, TickSt
 from drl.agent.service.notify import Notifier
 from drl.agent.service.rates import local_limit, safe_rate, slack_s
 from drl.agent.service.registry_sync import RegistrySync
+from drl.agent.service.tick_errors import TickErrors
 from drl.agent.service.signals import watch_signals
 from drl.agent.service.status import agent_status, listen
 from drl.agent.units import to_bps
@@ -179,6 +180,7 @@ class Agent:
         self._stack.callback(self.notify.close)
         self.changes = ChangeLog()
         self.tick_stats = TickStats()
+        self.errors = TickErrors()
         self.drops = Drops()
 
     def _acquire(self, transport: Callable[[Config], Any], datapath: Callable[[Config, int | None], Any]) -> None:
@@ -319,13 +321,16 @@ class Agent:
         class's inbox, and the limits in Batches to the limit book."""
         now = time.monotonic()
         for rx in self.transport.poll(now):
-            self.members.observe(rx, now)
-            if isinstance(rx.payload, Batch):
-                self.limits.heard(rx)
-            elif isinstance(rx.payload, ClientReports):
-                self.clients.receive(rx.header.node, rx.payload, now)
-            elif (run := self.table.by_key(rx.header.class_id)) is not None:
-                run.inbox.append(rx.envelope)
+            try:
+                self.members.observe(rx, now)
+                if isinstance(rx.payload, Batch):
+                    self.limits.heard(rx)
+                elif isinstance(rx.payload, ClientReports):
+                    self.clients.receive(rx.header.node, rx.payload, now)
+                elif (run := self.table.by_key(rx.header.class_id)) is not None:
+                    run.inbox.append(rx.envelope)
+            except Exception as e:          # one datagram's failure is that datagram's
+                self.errors.record("receive", rx.header.node, e, now)
 
     # -- control (service/commands.py) --------------------------------------------------------
 
@@ -391,9 +396,15 @@ class Agent:
         counters = self.dp.read_counters([run.class_id for run in runs])
         flows = self.dp.read_flows()
         kernel_now = now_ns()
+        out = {}
         with self.dp.batch():
-            out = {run.conf.key: self._step(run, now, counters[run.class_id], flows.get(run.class_id, []), kernel_now)
-                   for run in runs}
+            for run in runs:
+                try:
+                    out[run.conf.key] = self._step(run, now, counters[run.class_id], flows.get(run.class_id, []),
+                                                   kernel_now)
+                except Exception as e:      # one class's failure is that class's: the others go on
+                    self.errors.record("class", run.name, e, now)
+                    self._fall_back(run)
         self.dp.heartbeat()     # every config stays fresh, the ones _enforce did not write again too
         self.transport.publish(out, now)
         if self.clients:
@@ -403,6 +414,18 @@ class Agent:
                 self.transport.report_clients(reports, now)
         self.changes.log(now, self.transport.stats.rejected, self.members.status(now), self.table)
         self.ticks += 1
+
+    def _fall_back(self, run: ClassRun) -> None:
+        """A class whose step failed is held to its safe rate, and says nothing this round; if
+        even that write fails, the kernel's own fail-safe takes over once its config is stale."""
+        try:
+            safe_Bps = safe_rate(run.conf, self.book.get(run.name), self.members.n_nodes)
+            self.dp.set_class(run.class_id, Mode.BUCKET, rate_Bps=safe_Bps, burst_bytes=run.conf.burst_bytes,
+                              safe_rate_Bps=safe_Bps, timeout_s=self.cfg.failsafe_s, shadow=run.conf.shadow)
+            self.shaper.discard(run.class_id)
+            run.written = None
+        except Exception as e:
+            self.errors.record("fallback", run.name, e, time.monotonic())
 
     def _step(self, run: ClassRun, now: float, counters: Counters, flows: list, kernel_now: int) -> Outgoing:
         """One class's estimate -> allocate -> enforce; what it gossips this round."""

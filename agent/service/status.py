@@ -36,7 +36,7 @@ def agent_status(agent: "Agent", now: float) -> dict:
            "standalone": cfg.standalone, "authenticated": cfg.key is not None,
            "gossip": {**agent.transport.stats.as_dict(now), "client_entries_ignored": agent.clients.ignored},
            "peers": agent.members.status(now),
-           "datapath": dict(agent.dp.attachment), "tick": agent.tick_stats.as_dict(),
+           "datapath": dict(agent.dp.attachment), "tick": {**agent.tick_stats.as_dict(), "errors": agent.errors.total},
            "registry": registry_status(agent.registry, cfg.registry, agent.sync.classes_refused, now)}
     out.update({k: v for k, v in first.items() if k != "name"})
     out["classes"] = classes
@@ -78,6 +78,7 @@ def class_status(agent: "Agent", run: ClassRun) -> dict:
         "banned_bytes": c.banned_bytes, "banned_packets": c.banned_packets,
         "clients": client_summary(agent.clients.get(run.name), time.monotonic()),
         "quota_bytes_left": d.quota_bytes, "gossip_lost": agent.members.class_lost[run.conf.key],
+        "errors": agent.errors.of(run.name),
         "allocator_state": allocator_state(d.info)}
 
 

@@ -2,6 +2,8 @@
 advances, and the real gossip core on lists instead of a socket."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import shutil
 import time
@@ -39,6 +41,8 @@ STATUS_KEYS = {
     "limit_version", "gossip_lost", "standalone", "classes", "ticks",
     # whether our filter is still attached
     "datapath",
+    # exceptions the class's step threw, caught there (tick.errors counts every one)
+    "errors",
     # tick durations and overruns, the default class's drops by reason
     "tick", "dropped_bytes_by_reason", "dropped_packets_by_reason",
     # shadow mode (what the class's dropped_* count would have been dropped)
@@ -51,7 +55,7 @@ STATUS_KEYS = {
     "throttled_bytes", "throttled_packets", "banned_bytes", "banned_packets", "clients"}
 # The issue's contract for each entry of "classes".
 CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "local_limit_bps", "demand_bps",
-              "drop_probability", "passed_bytes", "dropped_bytes", "limit_version"}
+              "drop_probability", "passed_bytes", "dropped_bytes", "limit_version", "errors"}
 
 
 
@@ -189,6 +193,55 @@ def test_status_has_the_documented_keys_before_and_after_a_tick(tmp_path):
     assert before["mode"] == "bucket" and before["local_limit_bps"] == 10e6   # policed from the start
     assert before["allocator_state"] == {} and after["allocator_state"]
     assert all(set(c) >= CLASS_KEYS for c in after["classes"]) and after["classes"][0]["name"] == "default"
+
+
+def test_a_class_whose_step_throws_falls_back_to_its_safe_rate_and_the_others_go_on(tmp_path, caplog):
+    """One class's exception (a bug, a value no check foresaw) is that class's: it is held to
+    its safe rate, counted and logged once a minute; the other class and the tick go on."""
+    dp = FakeDatapath()
+    a, _ = file_agent(tmp_path, TWO, dp)
+    with a:
+        runs = {run.name: run for run in a.table}
+        broken = runs["A"].conf.allocator
+
+        class Boom:
+            name = broken.name
+
+            def step(self, state, snap):
+                raise OverflowError("cannot convert float infinity to integer")
+        runs["A"].conf = dataclasses.replace(runs["A"].conf, allocator=Boom())
+        with caplog.at_level("ERROR", logger="drl.agent"):
+            for _ in range(3):
+                a.tick(time.monotonic())
+        status = a.status()
+    a_id, b_id = runs["A"].class_id, runs["B"].class_id
+    assert dp.classes[a_id][0] == Mode.BUCKET and dp.classes[a_id][1]["rate_Bps"] == 1e6 / 2   # 8mbit / 2 hosts
+    assert dp.classes[b_id][1]["rate_Bps"] == 0.5e6 / 2 and runs["B"].last is not None       # B decided
+    by_name = {c["name"]: c for c in status["classes"]}
+    assert by_name["A"]["errors"] == 3 and by_name["B"]["errors"] == 0 and status["tick"]["errors"] == 3
+    lines = [r for r in caplog.records if "tick_error" in r.getMessage()]
+    assert len(lines) == 1 and "OverflowError" in lines[0].getMessage()
+
+
+def test_a_datagram_whose_handling_throws_is_counted_and_the_rest_are_handled(tmp_path, monkeypatch):
+    cfg = config(tmp_path, "--global", "8mbit", "--allocator", "fps", "--peers", "b@10.0.0.2:7470")
+    peer = GossipCore("b", CLUSTER, None, PeerList([cfg.listen]), 1, incarnation=1)
+    with agent(cfg, FakeDatapath()) as a:
+        observe, calls = a.members.observe, []
+
+        def once_broken(rx, now):
+            calls.append(rx)
+            if len(calls) == 1:
+                raise KeyError("a bug")
+            observe(rx, now)
+        monkeypatch.setattr(a.members, "observe", once_broken)
+        now = time.monotonic()
+        a.transport.arrive(peer.publish(values({DEFAULT: 1.0}), now) + peer.publish(values({DEFAULT: 2.0}), now), B)
+        a.receive()
+        a.tick(now)
+        status = a.status()
+    assert len(calls) == 2 and status["tick"]["errors"] == 1
+    assert status["peers"][0]["state"] == "alive" and status["allocator_state"]["remote_weights"] == 2.0
 
 
 def keys(tree) -> set[str]:
