@@ -1,4 +1,4 @@
-"""An in-memory datapath with the interface of ``kernel.datapath.Datapath`` (``kernel.interface``).
+"""An in-memory datapath (the interface of ``kernel.interface``) and shaper, for runs without a kernel.
 
     dp = FakeDatapath()
     agent = Agent(cfg, transport=MemoryTransport, datapath=lambda cfg, gossip_port: dp)
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 
 from drl.agent.kernel.datapath import Counters, FlowKey, FlowSample, now_ns
+from drl.agent.kernel.shaper import handle
 from drl.agent.model import Mode
 
 CLASS_ID = 0                      # the datapath slot of the first class
@@ -81,3 +82,28 @@ class FakeDatapath:
         first = self.flows[0].first_ns if self.flows else now_ns()
         self.flows = [FlowSample(key, CLASS_ID, self.counters.passed_bytes, self.counters.passed_packets,
                                  first, now_ns())]
+
+
+class FakeShaper:
+    """Shape mode's HTB tree in memory (what the daemon uses of kernel.shaper.Shaper): a test's
+    shaped class (the default where a class matches all traffic) puts no HTB on the host."""
+
+    def __init__(self, cfg=None):
+        self.rates: dict[int, float] = {}
+        self.closed = False
+
+    def set_rate(self, class_id, limit_Bps):
+        self.rates[class_id] = limit_Bps
+        return handle(class_id)
+
+    def discard(self, class_id):
+        self.rates.pop(class_id, None)
+
+    def retain(self, class_ids):
+        self.rates = {k: v for k, v in self.rates.items() if k in set(class_ids)}
+
+    def ensure_attached(self):
+        return False
+
+    def close(self, detach=True):
+        self.closed = True

@@ -16,8 +16,7 @@ from drl.agent.config.schema import defaults
 from drl.agent.gossip.core import CLUSTER, Outgoing
 from drl.agent.gossip.memory import MemoryTransport
 from drl.agent.gossip.wire import decode
-from drl.agent.kernel.fake import CLASS_ID, FakeDatapath
-from drl.agent.kernel.shaper import handle
+from drl.agent.kernel.fake import CLASS_ID, FakeDatapath, FakeShaper
 from drl.agent.service.daemon import Agent
 from drl.cli.agent import up
 
@@ -36,31 +35,6 @@ def config(tmp_path, *args):
 
 def values(v: dict) -> dict:
     return {key: Outgoing(x) for key, x in v.items()}
-
-
-class FakeShaper:
-    """Shape mode's HTB tree in memory: a shaped class (the default where a class matches all
-    traffic) must not put a real HTB on the host's ``lo``."""
-
-    def __init__(self, cfg=None):
-        self.rates: dict[int, float] = {}
-        self.closed = False
-
-    def set_rate(self, class_id, limit_Bps):
-        self.rates[class_id] = limit_Bps
-        return handle(class_id)
-
-    def discard(self, class_id):
-        self.rates.pop(class_id, None)
-
-    def retain(self, class_ids):
-        self.rates = {k: v for k, v in self.rates.items() if k in set(class_ids)}
-
-    def ensure_attached(self):
-        return False
-
-    def close(self, detach=True):
-        self.closed = True
 
 
 def agent(cfg, dp):

@@ -17,6 +17,8 @@ from drl.agent.model import SLOW_START_Bps
 from drl.agent.kernel.shaper import (BURST_FLOOR, HTB_MAJOR, MAX_SHAPED_ID, Shaper, ShaperError, handle, leaf_handle,
                               needs_update, queue_limit, shape_burst, shape_rate)
 from drl.cli.agent import load_config, up
+from drl.agent.kernel.fake import FakeShaper
+
 from daemon_harness import TWO, FakeDatapath, MemoryTransport, config
 
 
@@ -86,28 +88,6 @@ def test_random_drop_and_quota_classes_cannot_be_shaped(tmp_path):
         config(tmp_path, "--global", "10mbit", "--allocator", "grd", "--enforce", "shape")
     with pytest.raises(ConfigError, match="enforce = shape cannot enforce a volume quota"):
         config(tmp_path, "--global", "10mbit", "--allocator", "dqmp", "--quota", "1GB/1d", "--enforce", "shape")
-
-
-class FakeShaper:
-    def __init__(self):
-        self.rates: dict[int, float] = {}
-        self.closed = False
-
-    def set_rate(self, class_id, limit_Bps):
-        self.rates[class_id] = limit_Bps
-        return handle(class_id)
-
-    def discard(self, class_id):
-        self.rates.pop(class_id, None)
-
-    def retain(self, class_ids):
-        self.rates = {k: v for k, v in self.rates.items() if k in set(class_ids)}
-
-    def ensure_attached(self):
-        return False
-
-    def close(self, detach=True):
-        self.closed = True
 
 
 def file_agent(tmp_path, text, dp, sh, *flags):
