@@ -160,8 +160,9 @@ def test_udp_on_the_gossip_port_is_policed_while_gossip_flows(net3, agents):
     are cut to it, and the agents' own gossip crosses the same limiter untouched."""
     h1, h2, h3 = net3.hosts
     h1.run("ip", "addr", "add", "10.0.0.101/24", "dev", "eth0")
-    a1 = agents.start(h1, [h2], "static", "20mbit", "--interval", "50ms")
-    a2 = agents.start(h2, [h1], "static", "20mbit", "--interval", "50ms")
+    # policed, so that what exceeds is dropped and counted (shaped, it would be queued)
+    a1 = agents.start(h1, [h2], "static", "20mbit", "--interval", "50ms", "--enforce", "police")
+    a2 = agents.start(h2, [h1], "static", "20mbit", "--interval", "50ms", "--enforce", "police")
     assert a1.wait_for(lambda s: s["peers"][0]["state"] == "alive", 5)["peers"][0]["state"] == "alive"
     before = [a1.status(), a2.status()]
     senders = [blast(h1, h3.addr4, PORT, 10e6, 6),
