@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import contextlib
 import ctypes as ct
+import math
 from functools import partial, reduce
 from itertools import repeat
 from operator import add
@@ -74,48 +75,71 @@ class ClassMaps:
         (their HTB class, agent/kernel/shaper.py) instead of being policed (bpf/police.h shape).
         """
         self._check_class(class_id)
-        if rate_Bps < 0 or not 0.0 <= drop_probability <= 1.0:
-            raise DatapathError(f"class {class_id}: rate must be >= 0 and drop probability in [0, 1]")
         if mode not in _MODES:
             raise DatapathError(f"class {class_id}: mode {mode!r} is not one of {sorted(_MODES)}")
-        cfg = self._config_slot(class_id)     # after every check: a batch writes each slot it handed out
+        # The whole config is made and checked apart from the map, and only then written (or
+        # staged for the batch): a value the C types cannot hold (a rate of 1e400mbit is inf)
+        # raises here and the class keeps the config it had, never a zeroed or half-made slot.
+        table = self._bpf[b"config"]
+        try:
+            cfg = self._class_config(table.Leaf(), class_id, mode, rate_Bps, burst_bytes, drop_probability,
+                                     safe_rate_Bps, timeout_s, quota_bytes, shadow, shape_prio)
+        except (ArithmeticError, ValueError, TypeError) as e:    # what _whole missed, ctypes' own refusals
+            raise DatapathError(f"class {class_id}: cannot write its config: {e}") from None
+        if self._pending is not None:
+            self._stage(class_id, cfg)
+            return
+        try:
+            table[ct.c_int(class_id)] = cfg
+        except Exception as e:          # bcc raises a bare Exception when the update fails
+            raise DatapathError(f"class {class_id}: cannot write its config: {e}") from None
+
+    def _class_config(self, cfg, class_id: int, mode: Mode, rate_Bps, burst_bytes, drop_probability,
+                      safe_rate_Bps, timeout_s, quota_bytes, shadow, shape_prio):
+        """``cfg`` (a zeroed Leaf, in no map) filled with set_class's arguments, each checked
+        against its C type first (_whole); DatapathError names the first that does not fit."""
+        what = f"class {class_id}"
+        if not 0.0 <= drop_probability <= 1.0:      # NaN too
+            raise DatapathError(f"{what}: drop probability {drop_probability} is not in [0, 1]")
+        rate = _whole(rate_Bps, 64, f"{what}: rate")
+        burst = _whole(burst_bytes if burst_bytes is not None else default_burst(rate), 64, f"{what}: burst")
+        safe = abi.UNLIMITED if safe_rate_Bps is None else _whole(safe_rate_Bps, 64, f"{what}: safe rate")
+        timeout_ns = 0 if not timeout_s else _whole(_finite(timeout_s, f"{what}: timeout") * 1e9, 64,
+                                                    f"{what}: timeout (ns)")
+        quota = None if quota_bytes is None else _whole(quota_bytes, 64, f"{what}: quota")
         cfg.mode = int(mode)
-        cfg.rate_Bps = int(rate_Bps)
-        cfg.burst_bytes = int(burst_bytes if burst_bytes is not None else default_burst(rate_Bps))
+        cfg.rate_Bps = rate
+        cfg.burst_bytes = burst
         cfg.drop_prob = round(drop_probability * abi.PROB_ONE)
-        cfg.safe_rate_Bps = abi.UNLIMITED if safe_rate_Bps is None else int(safe_rate_Bps)
-        cfg.safe_burst_bytes = default_burst(safe_rate_Bps or 0)
-        cfg.timeout_ns = 0 if not timeout_s else int(timeout_s * 1e9)
+        cfg.safe_rate_Bps = safe
+        cfg.safe_burst_bytes = default_burst(0 if safe_rate_Bps is None else safe)
+        cfg.timeout_ns = timeout_ns
         cfg.floor_rate_Bps = self._floor_rate_Bps
         # the same three buckets as time, so the program never divides (agent/kernel/bucket.py)
-        cfg.ns_per_byte, cfg.depth_ns = bucket_times(cfg.rate_Bps, cfg.burst_bytes)
-        if cfg.safe_rate_Bps != abi.UNLIMITED:
-            cfg.safe_ns_per_byte, cfg.safe_depth_ns = bucket_times(cfg.safe_rate_Bps, cfg.safe_burst_bytes)
+        cfg.ns_per_byte, cfg.depth_ns = bucket_times(rate, burst)
+        if safe != abi.UNLIMITED:
+            cfg.safe_ns_per_byte, cfg.safe_depth_ns = bucket_times(safe, cfg.safe_burst_bytes)
         cfg.floor_ns_per_byte, cfg.floor_depth_ns = self._floor_times
-        cfg.shadow = int(shadow)
-        cfg.shape_prio = int(shape_prio)
+        cfg.shadow = int(bool(shadow))
+        cfg.shape_prio = _whole(shape_prio, 32, f"{what}: shape priority")
         if class_id in self._client_rules:       # the client rule is set_client_rule's, kept here
             self._fill_client(cfg, class_id)     # (a fresh slot's client fields are zero: no rule)
-        if quota_bytes is not None:
+        if quota is not None:                    # last: a refused config spends no sequence number
             self._quota_seq = self._quota_seq % (2**32 - 1) + 1   # never 0: 0 means no quota
-            cfg.quota_seq, cfg.quota_bytes = self._quota_seq, int(quota_bytes)
+            cfg.quota_seq, cfg.quota_bytes = self._quota_seq, quota
         cfg.updated_ns = now_ns()
-        if self._pending is None:
-            self._bpf[b"config"][ct.c_int(class_id)] = cfg
+        return cfg
 
-    def _config_slot(self, class_id: int):
-        """A zeroed config for set_class to fill: inside batch(), the class's slot of the
-        batch's own key and value arrays (written in place, no copy), else a new Leaf."""
+    def _stage(self, class_id: int, cfg) -> None:
+        """Inside batch(): ``cfg`` into the class's slot of the batch's own key and value
+        arrays (made once), which batch() writes on exit."""
         table = self._bpf[b"config"]
-        if self._pending is None:
-            return table.Leaf()
         if self._staged is None:
             self._staged = ((ct.c_int * self.max_classes)(), (table.Leaf * self.max_classes)())
         keys, values = self._staged
         slot = self._pending.setdefault(class_id, len(self._pending))
         keys[slot] = class_id
-        ct.memset(ct.byref(values, slot * ct.sizeof(table.Leaf)), 0, ct.sizeof(table.Leaf))
-        return values[slot]
+        values[slot] = cfg
 
     @contextlib.contextmanager
     def batch(self):
@@ -207,6 +231,23 @@ def _fields(buf: bytes, record, names: Sequence[str]) -> list[array.array]:
     size = ct.sizeof(record)
     words = {8: array.array("Q", buf), 4: array.array("I", buf)}
     return [words[f.size][f.offset // f.size::size // f.size] for f in (getattr(record, name) for name in names)]
+
+
+def _finite(value, what: str) -> float:
+    if not math.isfinite(value):
+        raise DatapathError(f"{what} {value} is not a finite number")
+    return value
+
+
+def _whole(value, bits: int, what: str) -> int:
+    """``value`` as the unsigned C integer of ``bits`` bits it is written as, or DatapathError:
+    ctypes would wrap a negative or too big int silently, and int() of inf or NaN raises."""
+    if isinstance(value, float):
+        _finite(value, what)
+    n = int(value)
+    if not 0 <= n < 1 << bits:
+        raise DatapathError(f"{what} {value} is not in 0..2^{bits}-1")
+    return n
 
 
 def _sum_cpus(per_cpu) -> Counters:

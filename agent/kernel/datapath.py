@@ -56,7 +56,9 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
   "error": None|str}`` for the agent's status.
 * ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
   safe_rate_Bps=None, timeout_s=None, quota_bytes=None, shadow=False, shape_prio=0)``: one write, stamped
-  with ``now_ns()``.  Until a class is set it passes everything.
+  with ``now_ns()``, all or nothing: a value its C type cannot hold (inf, NaN, negative, past
+  2^64) raises DatapathError and the class keeps the config it had.  Until a class is set it
+  passes everything.
 * ``heartbeat()``: the agent is alive; every class's config counts as fresh from now, as if
   it had just been written again (bpf/police.h stale).  One write for all classes.
 * ``set_sample_probability(p)``: chance that a new flow enters the flow table.
