@@ -3,6 +3,12 @@
 ``attach`` adds clsact (unless present) and our egress filter (our ingress one too
 while a class bans), ``detach`` removes exactly that, and ``ensure_attached`` checks
 every tick, with one raw netlink dump, that our program is still the filter.
+
+The interface is followed by its name: deleted and made again (a new ifindex, no clsact),
+it is found by ``ensure_attached`` the first tick our filter is missing, and everything
+that names the index moves there (the interface lock, the filters).  The program and its
+maps do not: nothing in bpf/ knows an ifindex, so the classes' configs, buckets and
+counters carry over as they are.
 """
 from __future__ import annotations
 
@@ -32,9 +38,10 @@ log = logs.get_logger("drl.agent")
 
 class Attachment:
     """Datapath's part for the filters.  Uses the Datapath's ``_ipr``, ``_nl``, ``_ifindex``,
-    ``iface``, the loaded programs (``_fn``, ``_fn_in``, ``_prog_id``, ``_in_prog_id``) and
-    its client part (``_bans_anywhere``: is the ingress filter wanted); keeps
-    ``_attached``, ``_created_clsact``, ``_reattached`` and ``_attach_error``."""
+    ``iface``, ``_relock`` (its interface lock onto a new index), the loaded programs (``_fn``,
+    ``_fn_in``, ``_prog_id``, ``_in_prog_id``) and its client part (``_bans_anywhere``: is the
+    ingress filter wanted); keeps ``_attached``, ``_created_clsact``, ``_reattached``,
+    ``_recreated`` and ``_attach_error``."""
 
     def attach(self) -> None:
         """Add clsact (unless present) and our egress filter, replacing an earlier one of ours;
@@ -51,6 +58,8 @@ class Attachment:
                          prio=FILTER_PRIO, fd=self._fn.fd, name=FILTER_NAME, direct_action=True)
             self._set_ingress(self._bans_anywhere())
         except NetlinkError as e:
+            if e.code == errno.ENODEV:      # deleted between the lookup and now: not the kernel's lack
+                raise DatapathError(_gone(self.iface)) from None
             raise DatapathError(f"cannot attach to {self.iface}: {e.args[-1]} "
                                 "(kernel needs sch_ingress/clsact and cls_bpf)") from None
         self._attached = True
@@ -78,15 +87,19 @@ class Attachment:
         tests/kernel/test_takeover.py) each call, and one of the ingress filters while a
         class bans: the agent calls it every tick.
         A filter that is gone, a clsact that is gone, or another program at our
-        prio/handle all count as detached.  Never raises: a failed attach is
-        logged once (``event=reattach_failed``) and kept in ``attachment`` until a
-        later call succeeds.
+        prio/handle all count as detached.  Then the interface is looked up by its
+        name (one netlink get): made again under a new index, we move there
+        (``event=iface_recreated``) within the tick that finds it; gone, the
+        error says so.  Never raises: a failed attach is logged once
+        (``event=reattach_failed``) and kept in ``attachment`` until a later call
+        succeeds.
         """
         if not self._attached and self._attach_error is None:
             return False                     # never attached (or detached on purpose)
         if self._attach_error is None and self._ours_attached():
             return False
         try:
+            old = self._follow_name()
             self.attach()
         except DatapathError as e:
             if self._attach_error != str(e):
@@ -95,15 +108,39 @@ class Attachment:
             self._attached = False
             return False
         self._attach_error = None
-        self._reattached += 1
-        log.warning("reattached", iface=self.iface, times=self._reattached, reason="filter_missing")
+        if old is not None:
+            self._recreated += 1
+            log.warning("iface_recreated", iface=self.iface, old_ifindex=old, new_ifindex=self._ifindex,
+                        times=self._recreated)
+        else:
+            self._reattached += 1
+            log.warning("reattached", iface=self.iface, times=self._reattached, reason="filter_missing")
         return True
+
+    def _follow_name(self) -> int | None:
+        """The interface named ``iface`` now: its old index when it is a new one (we hold its
+        lock and use its index from here on), None when it is the same; DatapathError when
+        there is none, or another agent holds the new one's lock."""
+        try:
+            found = self._ipr.link_lookup(ifname=self.iface)
+        except NetlinkError:
+            found = []
+        if not found:
+            raise DatapathError(_gone(self.iface))
+        if found[0] == self._ifindex:
+            return None
+        self._relock(found[0])
+        old, self._ifindex = self._ifindex, found[0]
+        self._created_clsact = False         # the old one went with the old interface
+        return old
 
     @property
     def attachment(self) -> dict:
-        """For the agent's status: state attached|failed|detached, re-attach count, last error."""
+        """For the agent's status: state attached|failed|detached, re-attach count, last error,
+        the interface's index and how often it was found made again under its name."""
         state = "failed" if self._attach_error else "attached" if self._attached else "detached"
-        return {"state": state, "reattached": self._reattached, "error": self._attach_error}
+        return {"state": state, "reattached": self._reattached, "error": self._attach_error,
+                "ifindex": self._ifindex, "recreated": self._recreated}
 
     def _has_clsact(self) -> bool:
         try:
@@ -144,6 +181,10 @@ class Attachment:
     def _other_filters(self) -> bool:
         """Did someone add filters to the clsact we created (then it stays)?"""
         return bool(self._filters())
+
+
+def _gone(iface: str) -> str:
+    return f"interface {iface} is gone; waiting for it to come back"
 
 
 def _is_ours(f) -> bool:

@@ -49,11 +49,14 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
   is on while some class has a client rule with action ban, and only then.
 * ``ensure_attached() -> bool``: after attach, is our program still the
   egress filter (and the ingress one, while wanted)?  One netlink dump; if not (filter or clsact removed,
-  replaced by another program) attach again and return True.  Never raises:
+  replaced by another program) attach again and return True.  The interface
+  is followed by name: deleted and made again under a new index, the lock
+  (with ``exclusive``) and the filters move there; the program and maps stay.  Never raises:
   a failed re-attach logs once and shows in ``attachment`` (state
-  ``failed``), and is tried again on the next call.
+  ``failed``; "interface eth0 is gone; ..." while none has the name), and is
+  tried again on the next call.
 * ``attachment``: ``{"state": "attached"|"failed"|"detached", "reattached": N,
-  "error": None|str}`` for the agent's status.
+  "error": None|str, "ifindex": N, "recreated": N}`` for the agent's status.
 * ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
   safe_rate_Bps=None, timeout_s=None, quota_bytes=None, shadow=False, shape_prio=0)``: one write, stamped
   with ``now_ns()``, all or nothing: a value its C type cannot hold (inf, NaN, negative, past
@@ -159,7 +162,9 @@ class Datapath(Attachment, ClassMaps, RuleMaps, ClientMaps, FlowMaps):
         self._attached = False
         self._created_clsact = False
         self._reattached = 0
+        self._recreated = 0                         # times the interface came back under a new index
         self._attach_error: str | None = None
+        self._netns = netns
         gossip_port, gossip_mark = _gossip_exemption(gossip_port, gossip_mark)
         registry_port = registry_port if gossip_port else 0     # the registry's exemption is the gossip mark's
         self._ipr, self._nl, self._ifindex = open_link(iface, netns)
@@ -195,6 +200,18 @@ class Datapath(Attachment, ClassMaps, RuleMaps, ClientMaps, FlowMaps):
             self._attached = False      # not ours any more: a second close() detaches nothing
             self._bpf.cleanup()
             self._release()
+
+    def _relock(self, ifindex: int) -> None:
+        """The interface was made again as ``ifindex``: hold its lock instead of the old one's
+        (attach's ensure_attached); DatapathError while another agent holds the new one."""
+        if self._lock is None:
+            return
+        try:
+            held = lock.InterfaceLock.take(self.iface, ifindex, self._netns)
+        except lock.LockError as e:
+            raise DatapathError(str(e)) from None
+        self._lock.release()
+        self._lock = held
 
     def _release(self) -> None:
         self._ipr.close()

@@ -4,11 +4,13 @@
     ...
     held.release()                                  # or the process exits, however it exits
 
-Two agents on one interface would fight over its egress filter (issue 19: the
+Two agents on one interface would fight over its egress filter (the
 second replaced the first's filter and its ``down`` removed it, while the first
 kept reporting a limit it no longer enforced).  agent/kernel/datapath.py takes this
 lock (``Datapath(exclusive=True)``, what ``drl-agent up`` uses) right after it
-has found the interface and before it compiles or attaches anything.
+has found the interface and before it compiles or attaches anything.  When the
+interface is deleted and made again under its name (a new index), the datapath
+takes the new index's lock, then lets the old one go (Datapath._relock).
 
 The lock is ``flock(LOCK_EX | LOCK_NB)`` on ``/run/drl/iface-<netns>-<ifindex>.lock``:
 

@@ -182,13 +182,34 @@ class Shaper:
             root = _root_qdisc(self._nl, self._ifindex)
             if _ours(root):
                 return False
-            self._install()
+            moved = self._follow_name()
+            if not moved:
+                self._install()
             for class_id, rate in self._rates.items():
                 self._write_class(class_id, rate)
         except (ShaperError, NetlinkError, OSError) as e:
             self._failed(e)
             return False
-        log.warning("shaper_reattached", iface=self.iface, reason="root_qdisc_replaced")
+        log.warning("shaper_reattached", iface=self.iface,
+                    reason="iface_recreated" if moved else "root_qdisc_replaced")
+        return True
+
+    def _follow_name(self) -> bool:
+        """The interface was deleted and made again under its name (a new ifindex; the datapath
+        moves the same way, agent/kernel/attach.py): our tree goes onto the new one, whose own
+        root qdisc is the one to restore from now on; True when it did.  ShaperError while
+        no interface has the name."""
+        found = self._ipr.link_lookup(ifname=self.iface)
+        if not found:
+            raise ShaperError(f"interface {self.iface} is gone; waiting for it to come back")
+        if found[0] == self._ifindex:
+            return False
+        old, self._ifindex = self._ifindex, found[0]
+        try:
+            self._attach()
+        except BaseException:
+            self._ifindex = old     # the next tick finds the new one again and tries once more
+            raise
         return True
 
     def restore_leftover(self) -> bool:

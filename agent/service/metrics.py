@@ -208,6 +208,8 @@ def agent_metrics(snap: Published) -> Iterator[Metric]:
                             value=1 if st["datapath"]["state"] == "attached" else 0)
     yield CounterMetricFamily("drl_datapath_reattached", "Times the filter was found removed and attached again",
                               value=st["datapath"]["reattached"])
+    yield CounterMetricFamily("drl_datapath_iface_recreated", "Times the interface was found deleted and made "
+                              "again under its name, and the filter moved to it", value=st["datapath"].get("recreated", 0))
     if st["registry"] is not None:
         yield GaugeMetricFamily("drl_registry_up", "1 while etcd (--registry) answers, 0 while the agent runs "
                                 "on the members and classes it last saw", value=int(st["registry"]["state"] == "reachable"))
