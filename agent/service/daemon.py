@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import selectors
 import signal
@@ -84,6 +85,10 @@ GC_YOUNG_THRESHOLD = 20_000     # allocations between young collections (Python'
 
 class StartupError(Exception):
     """A resource could not be acquired; one line, nothing attached."""
+
+
+class _Enforcing(Exception):
+    """A class's write failed (its __cause__): the tick counts it as stage ``enforce``."""
 
 
 def run(config: Config) -> int:
@@ -330,17 +335,27 @@ class Agent:
                 elif (run := self.table.by_key(rx.header.class_id)) is not None:
                     run.inbox.append(rx.envelope)
             except Exception as e:          # one datagram's failure is that datagram's
-                self.errors.record("receive", rx.header.node, e, now)
+                self.errors.record("receive", e, now, peer=rx.header.node)
 
     # -- control (service/commands.py) --------------------------------------------------------
 
     def commands(self) -> dict[str, Callable[[dict], dict]]:
         """The control socket's commands by name, each a request dict -> a reply dict."""
-        return {"status": lambda req: {"ok": True, "status": self.status()},
-                "down": self._down, "set": self.set_limit,
-                "reload": lambda req: self._reload_notified(),
-                "clients": lambda req: commands.list_clients(req, self.table, self.clients, time.monotonic()),
-                "unban": lambda req: commands.unban(req, self.table, self.clients, time.monotonic())}
+        handlers = {"status": lambda req: {"ok": True, "status": self.status()},
+                    "down": self._down, "set": self.set_limit,
+                    "reload": lambda req: self._reload_notified(),
+                    "clients": lambda req: commands.list_clients(req, self.table, self.clients, time.monotonic()),
+                    "unban": lambda req: commands.unban(req, self.table, self.clients, time.monotonic())}
+        return {cmd: functools.partial(self._counted, cmd, handler) for cmd, handler in handlers.items()}
+
+    def _counted(self, cmd: str, handler: Callable[[dict], dict], req: dict) -> dict:
+        """A control request's exception is counted with the tick's (stage control), then
+        answered as an error reply by control.answer, which logs control_failed."""
+        try:
+            return handler(req)
+        except Exception as e:
+            self.errors.record("control", e, time.monotonic(), cmd=cmd)
+            raise
 
     def _serve_control(self) -> None:
         self.control.handle_one(self.commands())
@@ -403,7 +418,8 @@ class Agent:
                     out[run.conf.key] = self._step(run, now, counters[run.class_id], flows.get(run.class_id, []),
                                                    kernel_now)
                 except Exception as e:      # one class's failure is that class's: the others go on
-                    self.errors.record("class", run.name, e, now)
+                    stage, e = ("enforce", e.__cause__) if isinstance(e, _Enforcing) else ("allocate", e)
+                    self.errors.record(stage, e, now, class_=run.name)
                     self._fall_back(run)
         self.dp.heartbeat()     # every config stays fresh, the ones _enforce did not write again too
         self.transport.publish(out, now)
@@ -416,16 +432,18 @@ class Agent:
         self.ticks += 1
 
     def _fall_back(self, run: ClassRun) -> None:
-        """A class whose step failed is held to its safe rate, and says nothing this round; if
-        even that write fails, the kernel's own fail-safe takes over once its config is stale."""
+        """A class whose step failed is held to its safe rate, and says nothing this round.  If
+        even that write fails, the class keeps the config last written (set_class is all or
+        nothing), and the kernel falls back to that config's safe rate by itself should the
+        agent stop ticking."""
+        run.written = None          # whatever _enforce noted may not be what the map holds
         try:
             safe_Bps = safe_rate(run.conf, self.book.get(run.name), self.members.n_nodes)
             self.dp.set_class(run.class_id, Mode.BUCKET, rate_Bps=safe_Bps, burst_bytes=run.conf.burst_bytes,
                               safe_rate_Bps=safe_Bps, timeout_s=self.cfg.failsafe_s, shadow=run.conf.shadow)
             self.shaper.discard(run.class_id)
-            run.written = None
         except Exception as e:
-            self.errors.record("fallback", run.name, e, time.monotonic())
+            self.errors.record("fallback", e, time.monotonic(), class_=run.name)
 
     def _step(self, run: ClassRun, now: float, counters: Counters, flows: list, kernel_now: int) -> Outgoing:
         """One class's estimate -> allocate -> enforce; what it gossips this round."""
@@ -439,7 +457,10 @@ class Agent:
         step = run.conf.allocator.step(run.state, snap)
         run.state = step.state
         step = step._replace(decision=heard_cap(step.decision, view, safe_Bps))   # one-way loss
-        self._enforce(run, step.decision, safe_Bps)
+        try:
+            self._enforce(run, step.decision, safe_Bps)
+        except Exception as e:          # told apart from the allocator's in the count (tick_errors.py)
+            raise _Enforcing() from e
         if run.statefile:
             run.statefile.save(run.state)   # before the outbox: a restored node sent nothing it forgot
         for env in step.outbox:

@@ -202,8 +202,12 @@ def agent_metrics(snap: Published) -> Iterator[Metric]:
                                 buckets=list(tick["buckets"].items()), sum_value=tick["sum_s"])
     yield CounterMetricFamily("drl_tick_overruns", "Ticks that ended after the next one was due",
                               value=tick["overruns"])
-    yield CounterMetricFamily("drl_tick_errors", "Exceptions a class's step, a datagram or a fallback threw, "
-                              "caught where they happened (the log's tick_error)", value=tick["errors"])
+    errors = CounterMetricFamily("drl_tick_errors", "Exceptions caught where they happened, by class (empty for "
+                                 "a datagram or a control request) and stage (the log's tick_error)",
+                                 labels=["class", "stage"])
+    for row in tick.get("errors_by", ()):
+        errors.add_metric([row["class"], row["stage"]], row["count"])
+    yield errors
     yield GaugeMetricFamily("drl_datapath_attached", "1 while the BPF filter is attached to the interface",
                             value=1 if st["datapath"]["state"] == "attached" else 0)
     yield CounterMetricFamily("drl_datapath_reattached", "Times the filter was found removed and attached again",

@@ -36,7 +36,8 @@ def agent_status(agent: "Agent", now: float) -> dict:
            "standalone": cfg.standalone, "authenticated": cfg.key is not None,
            "gossip": {**agent.transport.stats.as_dict(now), "client_entries_ignored": agent.clients.ignored},
            "peers": agent.members.status(now),
-           "datapath": dict(agent.dp.attachment), "tick": {**agent.tick_stats.as_dict(), "errors": agent.errors.total},
+           "datapath": dict(agent.dp.attachment), "tick": {**agent.tick_stats.as_dict(), "errors": agent.errors.total,
+                                                              "errors_by": agent.errors.rows()},
            "registry": registry_status(agent.registry, cfg.registry, agent.sync.classes_refused, now)}
     out.update({k: v for k, v in first.items() if k != "name"})
     out["classes"] = classes

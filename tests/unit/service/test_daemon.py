@@ -219,8 +219,54 @@ def test_a_class_whose_step_throws_falls_back_to_its_safe_rate_and_the_others_go
     assert dp.classes[b_id][1]["rate_Bps"] == 0.5e6 / 2 and runs["B"].last is not None       # B decided
     by_name = {c["name"]: c for c in status["classes"]}
     assert by_name["A"]["errors"] == 3 and by_name["B"]["errors"] == 0 and status["tick"]["errors"] == 3
-    lines = [r for r in caplog.records if "tick_error" in r.getMessage()]
-    assert len(lines) == 1 and "OverflowError" in lines[0].getMessage()
+    assert status["tick"]["errors_by"] == [{"class": "A", "stage": "allocate", "count": 3}]
+    lines = [r.getMessage() for r in caplog.records if "tick_error" in r.getMessage()]
+    assert len(lines) == 1 and "class=A stage=allocate" in lines[0] and "OverflowError" in lines[0], lines
+
+
+def test_a_class_whose_write_throws_is_counted_as_enforce_and_written_at_its_safe_rate(tmp_path, caplog):
+    """The datapath refuses one class's decision (set_class is all or nothing, a DatapathError):
+    that class is written at its safe rate instead, and the next tick writes its decision again."""
+    dp = FakeDatapath()
+    a, _ = file_agent(tmp_path, TWO, dp)
+    with a:
+        runs = {run.name: run for run in a.table}
+        a_id, b_id = runs["A"].class_id, runs["B"].class_id
+        real, refused = dp.set_class, []
+
+        def set_class(class_id, mode, **settings):
+            if class_id == a_id and not refused and settings.get("shape_prio") is not None:
+                refused.append(settings)
+                raise DatapathError(f"class {class_id}: rate inf is not a finite number")
+            real(class_id, mode, **settings)
+        dp.set_class = set_class
+        dp.classes.clear()
+        with caplog.at_level("ERROR", logger="drl.agent"):
+            a.tick(time.monotonic())
+            first = dict(dp.classes)
+            a.tick(time.monotonic())
+        status = a.status()
+    assert refused and first[a_id][1]["rate_Bps"] == 1e6 / 2 and "shape_prio" not in first[a_id][1]   # the fallback
+    assert first[b_id][1]["rate_Bps"] == 0.5e6 / 2
+    assert dp.classes[a_id][1].get("shape_prio") is not None        # the next tick: its decision, written
+    assert status["tick"]["errors_by"] == [{"class": "A", "stage": "enforce", "count": 1}]
+    lines = [r.getMessage() for r in caplog.records if "tick_error" in r.getMessage()]
+    assert len(lines) == 1 and "class=A stage=enforce" in lines[0] and "DatapathError" in lines[0], lines
+
+
+def test_a_control_request_whose_handler_throws_is_counted_and_answered(tmp_path, monkeypatch):
+    from drl.agent.service.control import answer
+
+    with agent(config(tmp_path, "--global", "8mbit"), FakeDatapath()) as a:
+        def broken(req):
+            raise ZeroDivisionError("a bug")
+        monkeypatch.setattr(a, "set_limit", broken)
+        reply = answer(b'{"cmd": "set", "class": "default", "global": "1mbit"}', a.commands())
+        a.tick(time.monotonic())
+        status = answer(b'{"cmd": "status"}', a.commands())["status"]
+    assert reply["ok"] is False and "set" in reply["error"]
+    assert status["tick"]["errors"] == 1
+    assert status["tick"]["errors_by"] == [{"class": "", "stage": "control", "count": 1}]
 
 
 def test_a_datagram_whose_handling_throws_is_counted_and_the_rest_are_handled(tmp_path, monkeypatch):
@@ -241,6 +287,7 @@ def test_a_datagram_whose_handling_throws_is_counted_and_the_rest_are_handled(tm
         a.tick(now)
         status = a.status()
     assert len(calls) == 2 and status["tick"]["errors"] == 1
+    assert status["tick"]["errors_by"] == [{"class": "", "stage": "receive", "count": 1}]
     assert status["peers"][0]["state"] == "alive" and status["allocator_state"]["remote_weights"] == 2.0
 
 

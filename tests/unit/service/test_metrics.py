@@ -109,6 +109,19 @@ def test_every_series_matches_the_status_and_passes_promtool(tmp_path):
     assert got[("drl_ticks_total", ())] == st["ticks"] == 3
 
 
+def test_tick_errors_are_counted_by_class_and_stage(tmp_path):
+    with running_agent(tmp_path) as a:
+        a.errors.record("allocate", OverflowError("inf"), 0.0, class_="default")
+        a.errors.record("allocate", OverflowError("inf"), 1.0, class_="default")
+        a.errors.record("receive", KeyError("x"), 1.0, peer="b")
+        a.board.publish(a.status())
+    text = exposition(a.board)
+    promtool_check(text)
+    got = samples(text)
+    assert got[("drl_tick_errors_total", (("class", "default"), ("stage", "allocate")))] == 2
+    assert got[("drl_tick_errors_total", (("class", ""), ("stage", "receive")))] == 1
+
+
 def test_a_scrape_waits_for_the_next_tick_or_takes_the_last_state():
     board = Board(timeout_s=5)
     assert not board.wanted
