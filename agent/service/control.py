@@ -61,6 +61,8 @@ def request(path: str, cmd: str, timeout_s: float = 3.0, **args) -> dict:
         raise ControlError(f"no agent is listening on {path} (stale socket file)") from None
     except PermissionError:
         raise ControlError(f"permission denied on {path} (run as root)") from None
+    except (ConnectionResetError, BrokenPipeError):   # it died with our connection open (a SIGKILL)
+        raise ControlError(f"the agent on {path} closed the connection before its reply") from None
     except socket.timeout:
         raise ControlError(f"the agent on {path} did not answer within {timeout_s:g} s") from None
     finally:

@@ -180,3 +180,26 @@ def test_an_idle_client_costs_the_daemons_tick_loop_nothing(tmp_path, signals_ke
             stop.cancel()
             idle.close()
         assert a.ticks >= 15
+
+
+def test_an_agent_that_dies_before_its_reply_is_a_control_error(tmp_path):
+    """An agent killed with our request unread resets the connection: callers that poll a dying
+    agent (the lab's status poller) get the one-line error, not ConnectionResetError."""
+    path = str(tmp_path / "dying.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def die():
+        conn, _ = srv.accept()
+        conn.recv(1, socket.MSG_PEEK)      # the request has arrived; closing now leaves it unread
+        conn.close()
+
+    thread = threading.Thread(target=die, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ControlError, match="closed the connection before its reply"):
+            request(path, "status", timeout_s=2.0)
+    finally:
+        thread.join()
+        srv.close()
