@@ -155,16 +155,16 @@ def test_every_class_spec_feeds_the_one_limited_class(net3, agents):
 # allocator raise once the trigger file exists.
 _BUG = """
 import os
-from drl.agent.allocators import static
+from drl.agent.service import daemon
 
-step = static.Static.step
+tick = daemon.Agent.tick
 
-def buggy(self, state, snap):
-    if os.path.exists({trigger!r}):
+def buggy(self, now):
+    if os.path.exists({trigger!r}):     # in the loop itself: a class's own error would be caught
         raise ZeroDivisionError("a bug put in by the test")
-    return step(self, state, snap)
+    return tick(self, now)
 
-static.Static.step = buggy
+daemon.Agent.tick = buggy
 """
 
 
