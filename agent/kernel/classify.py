@@ -94,18 +94,23 @@ def key_prefixlen(prefix: Prefix) -> int:
     return 0 if prefix is None else 8 + prefix.prefixlen
 
 
-def _covering(prefix: Prefix, table: dict) -> list[Prefix]:
-    """The shorter prefixes in table that contain prefix, longest first."""
+def _covering(prefix: Prefix, table: dict, lengths: dict[int, list[int]]) -> list[Prefix]:
+    """The shorter prefixes in table that contain prefix, longest first; ``lengths``: the
+    prefix lengths the table holds per IP version, longest first (only those can cover, and
+    there are few: 20,000 /24s have one, so no supernet is made for them)."""
     if prefix is None:
         return []
-    found = [prefix.supernet(new_prefix=n) for n in range(prefix.prefixlen - 1, -1, -1)]
+    found = [prefix.supernet(new_prefix=n) for n in lengths[prefix.version] if n < prefix.prefixlen]
     return [p for p in found if p in table] + ([None] if None in table else [])
 
 
 def _push_down(table: dict[Prefix, list], direction: str) -> dict[Prefix, Entry]:
+    lengths: dict[int, list[int]] = {4: [], 6: []}
+    for n, version in sorted({(p.prefixlen, p.version) for p in table if p is not None}, reverse=True):
+        lengths[version].append(n)
     out = {}
     for prefix, own in table.items():
-        entry = tuple(own) + tuple(r for p in _covering(prefix, table) for r in table[p])
+        entry = tuple(own) + tuple(r for p in _covering(prefix, table, lengths) for r in table[p])
         out[prefix] = _check_length(entry, f"{direction} prefix {prefix or 'any'}")
     return out
 

@@ -119,3 +119,17 @@ def test_4096_host_classes_each_end_with_the_any_rule():
     rules = [(parse_class(f"dst=10.1.{i >> 8}.{i & 255}"), i) for i in range(4096)] + [(parse_class("all"), 4096)]
     c = compile_rules(rules)
     assert len(c.dst) == 4097 and all(ids(e)[-1] == 4096 for e in c.dst.values())
+
+
+def test_covering_prefixes_are_looked_up_only_at_the_lengths_in_use(monkeypatch):
+    """20,000 /24s under one /16: each /24 looks at one supernet (/16), not at its 24, which
+    made a 20,000-class reload block the tick for seconds."""
+    calls = []
+    supernet = ipaddress.IPv4Network.supernet
+    monkeypatch.setattr(ipaddress.IPv4Network, "supernet", lambda self, **kw: calls.append(1) or supernet(self, **kw))
+    rules = [(parse_class(f"dst=10.{i // 250}.{i % 250}.0/24"), i) for i in range(20_000)]
+    rules.append((parse_class("dst=10.3.0.0/16"), 20_000))
+    compiled = compile_rules(rules)
+    assert len(calls) == 20_000
+    assert [c for _, c in compiled.dst[ipaddress.ip_network("10.3.7.0/24")]] == [757, 20_000]
+    assert [c for _, c in compiled.dst[ipaddress.ip_network("10.4.7.0/24")]] == [1007]
