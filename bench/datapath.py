@@ -50,9 +50,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from drl.agent.burst import mode_depth
 from drl.agent.kernel.datapath import Datapath, DatapathError, default_burst
 from drl.agent.model import Mode
-from drl.agent.kernel.shaper import Shaper, shape_burst
+from drl.agent.kernel.shaper import Shaper
 from drl.lab.agents import Cluster
 from drl.lab.errors import LabError
 from drl.lab.netns import Lab
@@ -187,7 +188,7 @@ def limited(host, how: str, rate_bps: float):
     ``htb`` root (one class at the rate with that burst, its default pfifo leaf); yields a
     callable giving the limiter's drops so far."""
     if how in ("tbf", "htb"):
-        burst = str(shape_burst(rate_bps / 8))
+        burst = str(mode_depth(rate_bps / 8, "shape"))
         if how == "tbf":
             host.run("tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{int(rate_bps)}bit",
                      "burst", burst, "latency", "50ms")

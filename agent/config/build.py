@@ -60,6 +60,7 @@ class ClassConf:
     shadow: bool = False              # count what the limit would drop, drop nothing (docs/config.md "Shadow mode")
     enforce: str = "police"           # police (drop) or shape (queue in HTB, agent/kernel/shaper.py; docs/config.md "Shaping mode")
     client: ClientRule | None = None  # per-client throttle or ban (docs/clients.md); None = none
+    burst_budget: int | None = None   # D, the cluster's depth; None = agent/burst.py's default for the mode
     policed_by_default: str = ""      # why the default policed it rather than shaped (default_police_reason); "" = not so
 
     @functools.cached_property
@@ -223,7 +224,7 @@ def _class(node_id: str, c: Mapping[str, Any], peers: tuple[Peer, ...], interval
         raise ConfigError(f"{where}{e}") from None
     return ClassConf(name=c["name"], global_Bps=c["global_Bps"], allocator=allocator, rules=rules,
                      burst_bytes=c["burst_bytes"], safe_Bps=c["safe_Bps"], ewma=c["ewma"], flow_ewma=c["flow_ewma"],
-                     shadow=bool(c.get("shadow")), enforce=enforce, client=client,
+                     shadow=bool(c.get("shadow")), enforce=enforce, client=client, burst_budget=c["burst_budget"],
                      policed_by_default=police_only if not c.get("enforce") and police_only else "")
 
 

@@ -259,8 +259,13 @@ FIELDS: tuple[Field, ...] = (
           help="Gossip branching factor: peers updated per interval (>= peers = full mesh)."),
     Field("peer_timeout_s", "--peer-timeout", DURATION,
           "Silence after which a peer is stale [default: 3 gossip rounds = 3 x interval x ceil(peers/branching)]."),
-    Field("burst_bytes", "--burst", SIZE, "Token bucket depth [default: the datapath's rule for the rate].",
-          scope=CLASS),
+    Field("burst_bytes", "--burst", SIZE, scope=CLASS,
+          help="Most one host's bucket (police) or HTB burst (shape) holds [default: 300 ms (police) or 4 ms (shape) "
+               "of its rate, within its share of --burst-budget]."),
+    Field("burst_budget", "--burst-budget", SIZE, scope=CLASS,
+          help="Bytes all hosts together may pass beyond the global rate in any window (the cluster's bucket depth D) "
+               "[default: 300 ms (police) or 50 ms (shape) of the global rate, at least 128 KiB (police) or 66 KiB "
+               "(shape) per host]."),
     Field("class_specs", "--class", TEXT, scope=CLASS_ONLY, key="match", multiple=True, metavar="SPEC",
           help="Which egress traffic is limited (repeatable; a packet matching any SPEC is limited). "
                "Default: all IP traffic."),

@@ -18,17 +18,11 @@ from operator import add
 from typing import Iterable, NamedTuple, Sequence
 
 from drl.agent import abi
+from drl.agent.burst import mode_depth
 from drl.agent.kernel.bucket import bucket_times
 from drl.agent.kernel.maps import DatapathError, lookup_batch, new_tuple, now_ns
 from drl.agent.model import Mode, SLOW_START_Bps
 
-# Bucket depth rule, measured in bench/README.md ("bucket depth"): a policer
-# has no queue, so cubic TCP needs the bucket to absorb its sawtooth: with
-# rate x 300 ms TCP gets >= 0.97 of tbf's goodput at 10-200 Mbit/s with 1-16
-# flows (x 100 ms: 0.78 of the rate with 4 flows; x 200 ms: 0.96 with 1).
-# Never less than 128 KiB, two 64 KiB GSO skbs.
-BURST_TIME_S = 0.300
-BURST_FLOOR = 128 * 1024
 FLOOR_RATE_Bps = SLOW_START_Bps   # a bucket never refills slower (FPS slow start)
 
 _MODES = frozenset(Mode)
@@ -51,8 +45,8 @@ class Counters(NamedTuple):
 
 
 def default_burst(rate_Bps: float) -> int:
-    """Bucket depth for a rate: rate x 300 ms, at least 128 KiB."""
-    return max(BURST_FLOOR, int(rate_Bps * BURST_TIME_S))
+    """A policer's depth for a rate (agent/burst.py): rate x 300 ms, at least 128 KiB."""
+    return mode_depth(rate_Bps, "police")
 
 
 class ClassMaps:

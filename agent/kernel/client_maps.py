@@ -18,7 +18,8 @@ from drl.agent import abi
 from drl.agent.clients.rules import Client, ClientRule
 from drl.agent.clients.windows import sliding_count
 from drl.agent.kernel.bucket import unit_times
-from drl.agent.kernel.class_maps import BURST_TIME_S, default_burst
+from drl.agent.burst import POLICE_TIME_S
+from drl.agent.kernel.class_maps import default_burst
 from drl.agent.kernel.maps import DatapathError, lookup_batch, lib, next_gen, now_ns, put, words
 
 # A throttled client's bucket depth (set_client_limits): in bytes a class's (default_burst:
@@ -285,5 +286,5 @@ def _rates(class_id: int, client: Client, rates) -> tuple[float, float]:
 
 def _client_bucket(measure: str, rate: float) -> tuple[int, int]:
     """(ns_per_unit, depth_ns) of a throttled client's bucket (set_client_limits)."""
-    depth = default_burst(rate) if measure == "bytes" else max(CLIENT_BURST_UNITS, rate * BURST_TIME_S)
+    depth = default_burst(rate) if measure == "bytes" else max(CLIENT_BURST_UNITS, rate * POLICE_TIME_S)
     return unit_times(rate, depth, abi.MAX_NS_PER_UNIT[measure])

@@ -90,10 +90,12 @@ class FakeShaper:
 
     def __init__(self, cfg=None):
         self.rates: dict[int, float] = {}
+        self.bursts: dict[int, int | None] = {}
         self.closed = False
 
-    def set_rate(self, class_id, limit_Bps):
+    def set_rate(self, class_id, limit_Bps, burst_bytes=None):
         self.rates[class_id] = limit_Bps
+        self.bursts[class_id] = burst_bytes
         return handle(class_id)
 
     def discard(self, class_id):

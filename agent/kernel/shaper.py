@@ -23,12 +23,14 @@ class (police-only agents never touch the root qdisc)::
     d1d1:  htb default 0xffff                       (replaces the root qdisc)
     ├── d1d1:ffff  rate = ceil = UNLIMITED_Bps      unlimited traffic, leaf pfifo (HTB's own)
     └── d1d1:<id+1>  rate = ceil = local limit      one per shaped class; leaf bfifo <id+1>:
-                     burst = cburst = shape_burst(rate), bfifo limit = queue_limit(rate)
+                     burst = cburst = the host's depth (agent/burst.py: 4 ms of the rate, at
+                     least 66 KiB, within its share of the class's burst budget),
+                     bfifo limit = queue_limit(rate, burst)
 
 Pure parts (tested in tests/unit/kernel/test_shaper.py): :func:`handle`,
 :func:`leaf_handle`, :func:`shape_rate` (the slow-start floor police mode
-has), :func:`needs_update` (a rate is rewritten only when it moves by more
-than :data:`RATE_STEP`), :func:`shape_burst`, :func:`queue_limit`.
+has), :func:`needs_update` (a rate or burst is rewritten only when it moves by
+more than :data:`RATE_STEP`), :func:`queue_limit`.
 
 Restoring: the root qdisc found on attach is remembered (kind, handle and its
 options as the kernel dumped them) and written to ``state_dir/shape-IFACE.json``.
@@ -56,6 +58,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
 from drl.agent import logs
+from drl.agent.burst import mode_depth
 from drl.agent.kernel import rtnetlink
 from drl.agent.kernel.rtnetlink import (NLM_F_ACK as _NLM_F_ACK, NLM_F_CREATE as _NLM_F_CREATE,
                                  NLM_F_DUMP as _NLM_F_DUMP, NLM_F_REPLACE as _NLM_F_REPLACE,
@@ -68,9 +71,6 @@ DEFAULT_MINOR = 0xFFFF           # d1d1:ffff, the class of unlimited traffic
 MAX_SHAPED_ID = 0x7FFE           # leaf majors id+1 stay in 1..0x7fff, below the kernel's automatic handles
 UNLIMITED_Bps = 100e9 / 8        # the default class: far above what a host sends (or the link's speed, if more)
 RATE_STEP = 0.01                 # rewrite an HTB rate only when the limit moved by more than 1 %
-# burst = cburst: 4 ms at the rate (tc's rate/HZ at HZ=250), at least one 64 KiB GSO skb + a frame
-BURST_TIME_S = 0.004
-BURST_FLOOR = 64 * 1024 + 1514
 # leaf bfifo limit: 50 ms at the rate on top of the burst, the queue of `tbf ... latency 50ms`
 QUEUE_TIME_S = 0.050
 # HTB's DRR quantum, given so the kernel does not derive it from rate/r2q (and warn when
@@ -108,14 +108,9 @@ def needs_update(current_Bps: float | None, wanted_Bps: float) -> bool:
     return current_Bps is None or abs(wanted_Bps - current_Bps) > RATE_STEP * current_Bps
 
 
-def shape_burst(rate_Bps: float) -> int:
-    """HTB burst and cburst for a rate: 4 ms of it, at least a 64 KiB GSO skb and a frame."""
-    return max(BURST_FLOOR, int(rate_Bps * BURST_TIME_S))
-
-
-def queue_limit(rate_Bps: float) -> int:
+def queue_limit(rate_Bps: float, burst_bytes: int) -> int:
     """Bytes the leaf bfifo holds: 50 ms at the rate plus the burst (tbf's latency 50ms)."""
-    return int(rate_Bps * QUEUE_TIME_S) + shape_burst(rate_Bps)
+    return int(rate_Bps * QUEUE_TIME_S) + burst_bytes
 
 
 class Shaper:
@@ -127,7 +122,7 @@ class Shaper:
         self.iface, self.netns = iface, netns
         self._state = Path(state_dir) / f"shape-{iface}.json" if state_dir else None
         self._unlimited_Bps = unlimited_Bps
-        self._rates: dict[int, int] = {}          # class id -> HTB rate written
+        self._rates: dict[int, tuple[int, int]] = {}      # class id -> (HTB rate, burst) written
         self._previous: dict | None = None        # the root qdisc before ours; None: not attached
         self._ipr = self._nl = None
         self._ifindex = 0
@@ -135,17 +130,20 @@ class Shaper:
 
     # -- what the daemon calls ------------------------------------------------------------
 
-    def set_rate(self, class_id: int, limit_Bps: float) -> int:
-        """Shape class_id at limit_Bps; its skb->priority, or 0 when it cannot be shaped
-        (logged once; the caller polices the class instead)."""
+    def set_rate(self, class_id: int, limit_Bps: float, burst_bytes: int | None = None) -> int:
+        """Shape class_id at limit_Bps with burst_bytes (None: the mode's own depth, agent/burst.py);
+        its skb->priority, or 0 when it cannot be shaped (logged once; the caller polices the
+        class instead)."""
         try:
             prio = handle(class_id)
             if self._previous is None:
                 self._attach()
             rate = shape_rate(limit_Bps)
-            if needs_update(self._rates.get(class_id), rate):
-                self._write_class(class_id, rate)
-                self._rates[class_id] = rate
+            burst = burst_bytes if burst_bytes is not None else mode_depth(rate, "shape")
+            now = self._rates.get(class_id)
+            if now is None or needs_update(now[0], rate) or needs_update(now[1], burst):
+                self._write_class(class_id, rate, burst)
+                self._rates[class_id] = (rate, burst)
         except (ShaperError, NetlinkError, OSError) as e:
             self._failed(e, class_id)
             return 0
@@ -185,8 +183,8 @@ class Shaper:
             moved = self._follow_name()
             if not moved:
                 self._install()
-            for class_id, rate in self._rates.items():
-                self._write_class(class_id, rate)
+            for class_id, (rate, burst) in self._rates.items():
+                self._write_class(class_id, rate, burst)
         except (ShaperError, NetlinkError, OSError) as e:
             self._failed(e)
             return False
@@ -266,7 +264,7 @@ class Shaper:
     @property
     def rates(self) -> dict[int, int]:
         """HTB rate (bytes/s) written per shaped class id."""
-        return dict(self._rates)
+        return {class_id: rate for class_id, (rate, _) in self._rates.items()}
 
     # -- internals --------------------------------------------------------------------------
 
@@ -333,17 +331,16 @@ class Shaper:
         self._ipr.tc("replace", "htb", self._ifindex, HTB_MAJOR << 16, default=DEFAULT_MINOR)
         rate = self._unlimited_Bps or max(UNLIMITED_Bps, _link_speed_Bps(self.iface))
         self._ipr.tc("add-class", "htb", self._ifindex, HTB_MAJOR << 16 | DEFAULT_MINOR, parent=HTB_MAJOR << 16,
-                     rate=int(rate), ceil=int(rate), burst=shape_burst(rate), cburst=shape_burst(rate),
+                     rate=int(rate), ceil=int(rate), burst=mode_depth(rate, "shape"), cburst=mode_depth(rate, "shape"),
                      quantum=QUANTUM)
 
-    def _write_class(self, class_id: int, rate: int) -> None:
+    def _write_class(self, class_id: int, rate: int, burst: int) -> None:
         """The class and its bfifo, made or changed in place (replace: a half-made class from a
         failed earlier try is completed, not refused)."""
-        burst = shape_burst(rate)
         self._ipr.tc("replace-class", "htb", self._ifindex, handle(class_id), parent=HTB_MAJOR << 16,
                      rate=rate, ceil=rate, burst=burst, cburst=burst, quantum=QUANTUM)
         _request(self._nl, _RTM_NEWQDISC, _NLM_F_CREATE | _NLM_F_REPLACE, self._ifindex, leaf_handle(class_id),
-                 handle(class_id), [(_TCA_KIND, b"bfifo\0"), (_TCA_OPTIONS, struct.pack("=I", queue_limit(rate)))])
+                 handle(class_id), [(_TCA_KIND, b"bfifo\0"), (_TCA_OPTIONS, struct.pack("=I", queue_limit(rate, burst)))])
 
     def _delete_class(self, class_id: int) -> None:
         """Raw: pyroute2's htb plugin wants a rate to encode even a delete.  The leaf goes with it."""

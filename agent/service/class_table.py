@@ -25,6 +25,7 @@ from drl.agent.estimator import Estimator
 from drl.agent import logs, units
 from drl.agent.cluster.limits import LimitBook
 from drl.agent.model import Mode, Snapshot, Step
+from drl.agent.service.rates import host_burst
 
 if TYPE_CHECKING:
     from drl.agent.config.build import ClassConf
@@ -119,8 +120,9 @@ class ClassTable:
         self.dp.reset_class(class_id)
         # policed from its first packet: the static 1/N share until its allocator's first tick
         # (a shadow class only counts, from its first packet too)
-        self.dp.set_class(class_id, Mode.BUCKET, rate_Bps=limit.global_Bps / n_nodes, burst_bytes=conf.burst_bytes,
-                          shadow=conf.shadow)
+        rate_Bps = limit.global_Bps / n_nodes
+        self.dp.set_class(class_id, Mode.BUCKET, rate_Bps=rate_Bps, shadow=conf.shadow,
+                          burst_bytes=host_burst(conf, limit, n_nodes, rate_Bps, "police"))
         self._runs[conf.name] = ClassRun(conf, class_id, state, Estimator(conf.ewma, conf.flow_ewma), statefile)
 
     def _change(self, run: ClassRun, conf: "ClassConf", members: tuple[str, ...]) -> None:

@@ -67,7 +67,7 @@ from drl.agent.service.drops import Drops
 from drl.agent.service.limit_gossip import LimitGossip
 from drl.agent.service.metrics import Board, MetricsError, MetricsServer, TickStats
 from drl.agent.service.notify import Notifier
-from drl.agent.service.rates import local_limit, safe_rate, slack_s
+from drl.agent.service.rates import host_burst, local_limit, safe_rate, slack_s
 from drl.agent.service.registry_sync import RegistrySync
 from drl.agent.service.tick_errors import TickErrors
 from drl.agent.service.signals import watch_signals
@@ -442,8 +442,10 @@ class Agent:
         agent stop ticking."""
         run.written = None          # whatever _enforce noted may not be what the map holds
         try:
-            safe_Bps = safe_rate(run.conf, self.book.get(run.name), self.members.n_nodes)
-            self.dp.set_class(run.class_id, Mode.BUCKET, rate_Bps=safe_Bps, burst_bytes=run.conf.burst_bytes,
+            limit, n_nodes = self.book.get(run.name), self.members.n_nodes
+            safe_Bps = safe_rate(run.conf, limit, n_nodes)
+            burst = host_burst(run.conf, limit, n_nodes, safe_Bps, "police")
+            self.dp.set_class(run.class_id, Mode.BUCKET, rate_Bps=safe_Bps, burst_bytes=burst,
                               safe_rate_Bps=safe_Bps, timeout_s=self.cfg.failsafe_s, shadow=run.conf.shadow)
             self.shaper.discard(run.class_id)
         except Exception as e:
@@ -480,19 +482,24 @@ class Agent:
     def _enforce(self, run: ClassRun, d: Decision, safe_Bps: float) -> None:
         # shape mode queues a bucket's rate in HTB (agent/kernel/shaper.py); shadow wins (nothing is
         # shaped, would-be drops are counted), and a tick that decides PASS or DROP polices
-        prio = 0
+        # the depth is this host's share of the class's burst budget (agent/burst.py), so that
+        # the hosts' buckets together never hold more than D
+        limit, n_nodes, prio = self.book.get(run.name), self.members.n_nodes, 0
+        burst = host_burst(run.conf, limit, n_nodes, d.limit_Bps)
         if run.conf.shaped and d.mode == Mode.BUCKET:
-            prio = self.shaper.set_rate(run.class_id, d.limit_Bps)     # 0: it failed (logged): police
+            prio = self.shaper.set_rate(run.class_id, d.limit_Bps, burst)     # 0: it failed (logged): police
         else:
             self.shaper.discard(run.class_id)
+        if not prio:
+            burst = host_burst(run.conf, limit, n_nodes, d.limit_Bps, "police")
         # the config in force again is not written again (the tick's heartbeat keeps it fresh),
         # unless it carries a quota: every write of one starts a new allowance
-        config = (d.mode, d.limit_Bps, run.conf.burst_bytes, d.drop_probability, safe_Bps, self.cfg.failsafe_s,
+        config = (d.mode, d.limit_Bps, burst, d.drop_probability, safe_Bps, self.cfg.failsafe_s,
                   run.conf.shadow, prio)
         if config == run.written and d.quota_bytes is None:
             return
         run.written = config
-        self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=run.conf.burst_bytes,
+        self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=burst,
                           drop_probability=d.drop_probability, safe_rate_Bps=safe_Bps,
                           timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes, shadow=run.conf.shadow,
                           shape_prio=prio)

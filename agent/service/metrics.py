@@ -248,6 +248,8 @@ def class_metrics(classes: list[dict]) -> Iterator[Metric]:
          "limit_version": GaugeMetricFamily("drl_class_limit_version", "Version of the global limit in force",
                                             labels=lab),
          "flows": GaugeMetricFamily("drl_class_flows", "Flows in the flow table (sampled)", labels=lab),
+         "budget": GaugeMetricFamily("drl_class_burst_budget_bytes", "Burst budget D: in any window of T >= 1 s "
+                                     "all hosts together pass at most global limit x T + D", labels=lab),
          "quota": GaugeMetricFamily("drl_class_quota_remaining_bytes", "Volume quota left (quota classes only)",
                                     labels=lab),
          "lost": CounterMetricFamily("drl_class_gossip_values_lost", "This class's gossiped values lost, all peers",
@@ -270,6 +272,7 @@ def class_metrics(classes: list[dict]) -> Iterator[Metric]:
         g["drop_probability"].add_metric(name, cl["drop_probability"])
         g["limit_version"].add_metric(name, cl["limit_version"])
         g["flows"].add_metric(name, cl["flows"])
+        g["budget"].add_metric(name, cl["burst_budget_bytes"])
         if cl["quota_bytes_left"] is not None:
             g["quota"].add_metric(name, cl["quota_bytes_left"])
         g["lost"].add_metric(name, cl["gossip_lost"])

@@ -3,9 +3,12 @@
     local_limit(decision, local)        # the bucket rate, or what survives random drop
     safe_rate(conf, limit, n_nodes)     # the fail-safe rate the kernel falls back to
     slack_s(cfg, n_peers)               # how long after its last datagram a peer may still write
+    burst_budget(conf, limit, n_nodes)  # D: what all hosts may pass beyond the global rate
+    host_burst(conf, limit, n_nodes, rate_Bps, enforce)   # this host's depth, its share of D
 """
 from __future__ import annotations
 
+from drl.agent.burst import budget, host_depth
 from drl.agent.cluster.limits import Limit
 from drl.agent.config.build import ClassConf, Config
 from drl.agent.gossip.core import cycle_rounds
@@ -24,6 +27,23 @@ def local_limit(d: Decision, local: Local) -> float:
 def safe_rate(conf: ClassConf, limit: Limit, n_nodes: int) -> float:
     """The class's safe rate as configured, or its 1/N share of the global limit."""
     return conf.safe_Bps if conf.safe_Bps is not None else limit.global_Bps / n_nodes
+
+
+def burst_budget(conf: ClassConf, limit: Limit, n_nodes: int) -> int:
+    """The class's burst budget D (agent/burst.py) for its mode and the hosts there are now."""
+    return budget(limit.global_Bps, n_nodes, _mode(conf), conf.burst_budget)
+
+
+def host_burst(conf: ClassConf, limit: Limit, n_nodes: int, rate_Bps: float, enforce: str | None = None) -> int:
+    """This host's bucket depth (or HTB burst) at rate_Bps: its share of the class's budget,
+    at most --burst.  ``enforce``: the mode it is written for when not the class's own (a
+    shaped class is policed until its first tick and at its safe rate)."""
+    return host_depth(rate_Bps, limit.global_Bps, n_nodes, burst_budget(conf, limit, n_nodes),
+                      enforce or _mode(conf), conf.burst_bytes)
+
+
+def _mode(conf: ClassConf) -> str:
+    return "shape" if conf.shaped else "police"
 
 
 def slack_s(cfg: Config, n_peers: int) -> float:

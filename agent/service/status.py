@@ -18,7 +18,7 @@ from drl.agent.kernel.datapath import Counters
 from drl.agent.model import Decision, Local, Mode, effective_limit
 from drl.agent.service.class_table import ClassRun
 from drl.agent.service.client_rules import ClientRun
-from drl.agent.service.rates import local_limit, safe_rate
+from drl.agent.service.rates import burst_budget, local_limit, safe_rate
 from drl.agent.units import to_bps
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ def _limits(run: ClassRun, limit: Limit, d: Decision, local: Local, snap, n_node
         "effective_limit_bps": to_bps(effective_limit(snap) if snap else limit.global_Bps),
         "local_limit_bps": to_bps(local_limit(d, local)),
         "safe_rate_bps": to_bps(safe_rate(run.conf, limit, n_nodes)),
+        "burst_budget_bytes": burst_budget(run.conf, limit, n_nodes),     # D: the promise is G x T + D
         "mode": d.mode.name.lower(), "shadow": run.conf.shadow, "enforce": run.conf.enforce}
 
 

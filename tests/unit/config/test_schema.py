@@ -30,6 +30,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "branching": ("4", 4),
     "peer_timeout_s": ("2s", "2s"),
     "burst_bytes": ("256KB", "256KB"),
+    "burst_budget": ("1MB", "1MB"),
     "class_specs": ("dport=80,proto=tcp", ["dport=80,proto=tcp"]),
     "socket_path": ("/tmp/drl-test.sock", "/tmp/drl-test.sock"),
     "safe_Bps": ("5mbit", "5mbit"),

@@ -14,8 +14,9 @@ from drl.agent.config.build import SHAPE_DEFAULT_MAX, ConfigError, build_classes
 from drl.agent.config.schema import defaults
 from drl.agent.service.daemon import Agent
 from drl.agent.model import SLOW_START_Bps
-from drl.agent.kernel.shaper import (BURST_FLOOR, HTB_MAJOR, MAX_SHAPED_ID, Shaper, ShaperError, handle, leaf_handle,
-                              needs_update, queue_limit, shape_burst, shape_rate)
+from drl.agent.burst import SHAPE_FLOOR, mode_depth
+from drl.agent.kernel.shaper import (HTB_MAJOR, MAX_SHAPED_ID, Shaper, ShaperError, handle, leaf_handle,
+                              needs_update, queue_limit, shape_rate)
 from drl.cli.agent import load_config, up
 from drl.agent.kernel.fake import FakeShaper
 
@@ -49,10 +50,10 @@ def test_a_rate_is_rewritten_only_when_it_moves_by_more_than_one_percent():
 
 
 def test_burst_is_4ms_of_the_rate_but_at_least_a_gso_skb_and_the_queue_50ms_more():
-    assert shape_burst(1.25e6) == BURST_FLOOR == 64 * 1024 + 1514       # 10 Mbit/s: 5 kB in 4 ms
-    assert shape_burst(125e6) == 500_000                                 # 1 Gbit/s
-    assert queue_limit(1.25e6) == 62_500 + BURST_FLOOR
-    assert queue_limit(125e6) == 6_250_000 + 500_000
+    assert mode_depth(1.25e6, "shape") == SHAPE_FLOOR == 64 * 1024 + 1514       # 10 Mbit/s: 5 kB in 4 ms
+    assert mode_depth(125e6, "shape") == 500_000                                 # 1 Gbit/s
+    assert queue_limit(1.25e6, SHAPE_FLOOR) == 62_500 + SHAPE_FLOOR
+    assert queue_limit(125e6, 500_000) == 6_250_000 + 500_000
 
 
 # -- the option --------------------------------------------------------------------------
@@ -156,13 +157,15 @@ class RecordingShaper(Shaper):
     def __init__(self):
         super().__init__("eth0")
         self.writes: list[tuple[int, int, str]] = []
+        self.bursts: list[int] = []
         self.detaches = 0
 
     def _attach(self):
         self._previous = {"kind": "noqueue", "handle": 0, "options": ""}
 
-    def _write_class(self, class_id, rate):
+    def _write_class(self, class_id, rate, burst):
         self.writes.append((class_id, rate, "write"))
+        self.bursts.append(burst)
 
     def _delete_class(self, class_id):
         self.writes.append((class_id, 0, "del-class"))
@@ -180,10 +183,18 @@ def test_the_shaper_writes_a_class_once_then_only_on_a_change_above_one_percent(
     sh.set_rate(3, 1_020_000)
     sh.set_rate(3, 0)
     assert sh.writes == [(3, 1_000_000, "write"), (3, 1_020_000, "write"), (3, SLOW_START_Bps, "write")]
-    assert sh.rates == {3: SLOW_START_Bps}
+    assert sh.rates == {3: SLOW_START_Bps} and sh.bursts == [SHAPE_FLOOR] * 3
     sh.discard(3)
     assert sh.writes[-1] == (3, 0, "del-class")
     assert sh.rates == {} and sh._previous is None        # the last class takes the tree with it
+
+
+def test_the_shaper_writes_a_burst_given_and_again_when_it_moves_above_one_percent():
+    sh = RecordingShaper()
+    sh.set_rate(3, 1_000_000, burst_bytes=200_000)
+    sh.set_rate(3, 1_000_000, burst_bytes=201_000)
+    sh.set_rate(3, 1_000_000, burst_bytes=210_000)
+    assert sh.bursts == [200_000, 210_000]
 
 
 def test_a_slot_that_cannot_be_shaped_gets_priority_0_so_it_is_policed():

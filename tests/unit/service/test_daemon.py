@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from drl.agent.burst import SHAPE_FLOOR
 from drl.agent.config.build import class_key
 from drl.agent.service.daemon import CLUSTER, Agent
 from drl.agent.service.rates import safe_rate
@@ -33,7 +34,7 @@ C = ("10.0.0.3", 7470)
 # docs/agent.md "Status": the keys of `drlctl status --json`.
 STATUS_KEYS = {
     "node_id", "interface", "allocator", "interval_s", "uptime_s", "listen", "authenticated",
-    "global_limit_bps", "effective_limit_bps", "local_limit_bps", "safe_rate_bps", "mode",
+    "global_limit_bps", "effective_limit_bps", "local_limit_bps", "safe_rate_bps", "burst_budget_bytes", "mode",
     "drop_probability", "demand_bps", "rate_bps", "flows", "max_flow_bps", "passed_bytes",
     "passed_packets", "dropped_bytes", "dropped_packets", "quota_bytes_left", "allocator_state",
     "gossip", "peers",
@@ -66,6 +67,18 @@ CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "l
 
 
 
+def test_a_burst_budget_is_shared_by_the_hosts_buckets(tmp_path):
+    """--burst-budget 400KB over 3 hosts: a policed host's bucket is its floor plus a third
+    of what D has above 3 floors (133,333 B), less than 300 ms of its rate (150,000 B)."""
+    cfg = config(tmp_path, "--global", "12mbit", "--allocator", "static", "--enforce", "police",
+                 "--burst-budget", "400KB", "--peers", "b@10.0.0.2:7470,10.0.0.3:7470")
+    dp = FakeDatapath()
+    with agent(cfg, dp) as a:
+        a.tick(time.monotonic())
+        assert dp.classes[CLASS_ID][1]["burst_bytes"] == 133_333
+        assert a.status()["classes"][0]["burst_budget_bytes"] == 400_000
+
+
 def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
     cfg = config(tmp_path, "--global", "12mbit", "--allocator", "static", "--peers", "b@10.0.0.2:7470,10.0.0.3:7470")
     dp = FakeDatapath()
@@ -77,12 +90,14 @@ def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
             a.tick(t0 + k)
         mode, settings = dp.classes[CLASS_ID]
         assert mode == Mode.BUCKET
-        assert settings == {"rate_Bps": 500_000.0, "burst_bytes": None, "drop_probability": 0.0,
+        # 50 ms of 12 Mbit/s is less than 3 hosts' HTB floors: each host's burst is its floor
+        assert settings == {"rate_Bps": 500_000.0, "burst_bytes": SHAPE_FLOOR, "drop_probability": 0.0,
                             "safe_rate_Bps": 500_000.0, "timeout_s": 20.0, "quota_bytes": None, "shadow": False,
                             "shape_prio": handle(CLASS_ID)}             # the one class matches all: shaped
         status = a.status()
         assert status["local_limit_bps"] == 4e6 and status["mode"] == "bucket"
         assert 0 < status["demand_bps"] <= 2e6 and status["passed_bytes"] == 1_000_000
+        assert status["classes"][0]["burst_budget_bytes"] == 3 * SHAPE_FLOOR
         assert published(a.transport)[-2:] == [status["demand_bps"] / 8] * 2    # a full mesh: b and c
     assert dp.closed
 
