@@ -47,6 +47,7 @@ def up(ctx: click.Context, config: str | None, **opts) -> None:
     \b
     Examples:
       drl-agent up --iface eth0 --global 50mbit
+      drl-agent up --iface eth0 --global 20mbit --class sport=8080,proto=tcp
       drl-agent up --iface eth0 --global 50mbit --allocator grd \\
           --peers 10.0.0.2:7470 --key-file /etc/drl/cluster.key
       drl-agent up --config /etc/drl/drl.toml

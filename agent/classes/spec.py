@@ -6,12 +6,15 @@ match::
     dst=10.0.0.0/8,dport=80,proto=tcp    TCP to port 80 in 10/8
     src=fd00::/64                        anything from fd00::/64
     proto=udp,sport=53                   UDP from port 53
+    sport=8080,proto=tcp                 what a TCP server on port 8080 sends
     mark=0x10  or  mark=0x10/0xff        skb mark, optionally under a mask
     all                                  every IPv4/IPv6 packet
 
 keys: ``src``, ``dst`` (address or CIDR; both must be the same family),
 ``proto`` (tcp, udp, icmp, icmpv6, sctp or a number), ``sport``, ``dport``
-(1-65535; without ``proto`` they match TCP or UDP), ``mark``.  Without
+(1-65535; without ``proto`` they match TCP or UDP), ``mark``.  Specs match
+egress packets: ``src`` and ``sport`` are this host's end, ``dst`` and ``dport``
+the remote one, so a server's replies carry its port as ``sport``.  Without
 ``proto`` a class also polices ICMPv6, neighbour discovery included (ARP is
 not IP and always passes), so give ``proto=tcp`` when that matters.  Several
 ``--class`` flags give class ids 0, 1, 2 ... in order (:func:`parse_classes`).

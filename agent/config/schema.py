@@ -267,7 +267,10 @@ FIELDS: tuple[Field, ...] = (
                "[default: 300 ms (police) or 50 ms (shape) of the global rate, at least 128 KiB (police) or 66 KiB "
                "(shape) per host]."),
     Field("class_specs", "--class", TEXT, scope=CLASS_ONLY, key="match", multiple=True, metavar="SPEC",
-          help="Which egress traffic is limited (repeatable; a packet matching any SPEC is limited). "
+          help="Which egress traffic is limited (repeatable; a packet matching any SPEC is limited): "
+               "key=value,... of src, dst (address or CIDR; dst is the remote end), proto (tcp, udp, ...), "
+               "sport (the local port: what a server on it sends), dport (the remote port: what this host "
+               "sends to a server on it), mark (MARK[/MASK]), or all; e.g. sport=8080,proto=tcp. "
                "Default: all IP traffic."),
     Field("socket_path", "--socket", TEXT, "Control socket for drlctl.", default=DEFAULT_SOCKET, show_default=True),
     Field("safe_Bps", "--safe-rate", RATE, scope=CLASS,

@@ -100,6 +100,26 @@ def packets(dp, class_id: int) -> int:
     return dp.read_counters([class_id])[class_id].passed_packets
 
 
+_SEND_FROM = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("", int(sys.argv[2])))
+for _ in range(100):
+    s.sendto(bytes(100), (sys.argv[1], int(sys.argv[3])))
+"""
+
+
+def test_sport_is_the_local_port_and_dport_the_remote_one(net, datapath):
+    """What a server on port 8080 sends leaves from 8080: sport=8080 classifies it, dport=8080
+    does not (the quick start's and the class_matches_nothing hint's premise)."""
+    h1 = net.hosts[0]
+    dp = datapath(classes=[parse_class("sport=8080,proto=udp"), parse_class("dport=8080,proto=udp")])
+    h1.run("python3", "-c", _SEND_FROM, H2, "8080", "40000")      # a server's replies
+    assert (packets(dp, 0), packets(dp, 1)) == (100, 0)
+    h1.run("python3", "-c", _SEND_FROM, H2, "40001", "8080")      # a client's requests
+    assert (packets(dp, 0), packets(dp, 1)) == (100, 100)
+
+
 def test_ipv6_prefix_and_mark_classes(net, server, datapath):
     h1 = net.hosts[0]
     dp = datapath(classes=[parse_class("dst=fd00::/64,proto=tcp"), parse_class("mark=0x10/0xff"),

@@ -15,6 +15,16 @@ def test_full_spec():
     assert rule.family == 4
 
 
+def test_sport_is_its_own_field_not_dport():
+    """A server's replies leave from its port: sport must reach the rule as sport."""
+    rule = parse_class("sport=8080,proto=tcp")
+    assert rule == ClassRule(proto=6, sport=8080) and rule.dport is None
+    assert parse_class("sport=53") == ClassRule(sport=53)
+    both = parse_class("proto=udp,sport=53,dport=4000")
+    assert (both.proto, both.sport, both.dport) == (17, 53, 4000)
+    assert str(parse_class("sport=8080,proto=tcp")) == "proto=6,sport=8080"
+
+
 def test_ipv6_source_and_host_address():
     assert parse_class("src=fd00::/64").family == 6
     assert parse_class("dst=10.1.2.3").dst == ipaddress.ip_network("10.1.2.3/32")
@@ -44,6 +54,9 @@ def test_class_ids_follow_flag_order():
     ("proto=gre2", "proto='gre2'"),
     ("dport=0", "not a port"),
     ("dport=70000", "not a port"),
+    ("sport=0", "sport='0' is not a port"),
+    ("sport=http", "sport='http' is not a port"),
+    ("proto=icmp,sport=80", "ports need proto=tcp"),
     ("proto=icmp,dport=80", "ports need proto=tcp"),
     ("mark=0x100/0xff", "mark inside mask"),
     ("mark=zz", "mark='zz'"),
