@@ -8,7 +8,19 @@ Agents (lab/agents.py) run as ``ip netns exec <ns> drl-agent up ...``, which
 execs, in a session of their own: ``kill``/``stop``/``cont`` send
 SIGKILL/SIGSTOP/SIGCONT to that session, ``restart`` starts the same argv
 again (without waiting: bcc compiles for seconds; the record gets the time it
-answered ``status``).
+answered ``status``).  ``kill-loop`` does kill and restart every ``every``
+seconds for ``for`` seconds on a thread of its own (the record lists every pid).
+
+``recreate`` deletes the agent's data interface toward the sink and makes it
+again with lab/topology.py's commands for that link (both ends, addresses,
+routes, RTO floor, shaping); the record has the new index and the time the
+agent reported its filter on it.  ``replay`` needs a capture: every agent a
+``replay`` names has its arriving gossip captured from the start of the run
+(lab/replay.py); at the fault, once the agent answers, the datagrams captured
+before its current life began (the last ``count``; all of the run so far when
+it never restarted) are sent to it again from their senders' namespaces, and
+the record has how many went out and how its ``rejected_by_reason`` counters
+moved (``rejected``) in the second after.
 
 Loss and partitions are nftables rules in tables named ``drl_<run>``, never
 in the machine's own namespace:
@@ -18,8 +30,11 @@ in the machine's own namespace:
   bridge's forward hook, where every datagram between two agents passes, so
   loss is network loss (a sender never sees an error).  ``gossip`` loss
   matches UDP to or from port 7470 entering or leaving the ports of
-  ``hosts`` (default: every agent), each packet tested once; a partition
-  drops everything between the ports of different groups.
+  ``hosts`` (default: every agent), each packet tested once; a one-way loss
+  (``direction``) only what leaves the bridge toward ``agent``'s port ("in")
+  or enters it from there ("out"); a partition drops everything between the
+  ports of different groups.  The bridge, not the agent's own namespace, so
+  that a sender whose datagrams are lost sees no error from its send.
 * ``data`` loss is an ``inet drl_<run>`` table in the namespaces at both
   ends of every data link of ``hosts`` (default: the limiters), dropping in
   prerouting what arrives on that link: each direction of each such link
@@ -39,12 +54,16 @@ import threading
 import time
 from pathlib import Path
 
+from drl.agent.service.control import ControlError
+
 from .agents import GOSSIP_PORT, READY_TIMEOUT_S, Agent
 from .errors import LabError
 from .netns import Lab
+from .replay import Capture, send
 from .spec import AGENT_ACTIONS, Fault
 
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+REJECTS_SETTLE_S = 1.0   # a replay's datagrams are read within a tick or two (50 ms each in the lab)
 
 
 def table_name(run: str) -> str:
@@ -73,6 +92,14 @@ def gossip_loss_rules(ports: list[str], percent: int, every_port: list[str]) -> 
     return rules
 
 
+def one_way_rules(port: str, direction: str, percent: int) -> list[str]:
+    """Bridge rules: the gossip datagrams leaving the bridge through ``port`` (``in``: what the
+    agent behind it receives) or entering from it (``out``: what it sends)."""
+    where = f'oifname "{port}"' if direction == "in" else f'iifname "{port}"'
+    return [f"{where} udp dport {GOSSIP_PORT} {_drop(percent)}",
+            f"{where} udp sport {GOSSIP_PORT} udp dport != {GOSSIP_PORT} {_drop(percent)}"]
+
+
 def partition_rules(groups: list[list[str]]) -> list[str]:
     """Bridge rules: nothing passes between the ports of two different groups."""
     return [f"iifname {_set(a)} oifname {_set(b)} counter drop"
@@ -91,8 +118,16 @@ class Faults:
         self.restarts: dict[str, int] = {}
         self.active: dict[tuple[str, str, str], dict] = {}   # (ns, family, chain) -> the fault's record
         self.log = logs / "faults.log"
+        self.born: dict[str, float] = {}           # host -> when (s since t0) its agent's current life began
+        self.captures: dict[str, Capture] = {}
+        self.threads: list[threading.Thread] = []
+        self.stopping = threading.Event()
 
     def __enter__(self) -> "Faults":
+        for host in sorted({f.agent for f in self.plan.exp.faults if f.action == "replay"}):
+            ctl = next((v.a for v in self.plan.ctl if v.a.host == host), None)
+            if host in self.agents and ctl is not None:
+                self.captures[host] = Capture(self.plan.ns(host), ctl.name, ctl.addr, self.t0)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -104,7 +139,17 @@ class Faults:
         run (an agent or control network the CTB reference does not have) is recorded as skipped."""
         rec = {"at_s": fault.at_s, "action": fault.action, "label": fault.label, "applied_at_s": round(now, 3)}
         if fault.action in AGENT_ACTIONS:
-            self._agent(fault, rec)
+            agent = self._agent_of(fault, rec)
+            if agent is None:
+                pass
+            elif fault.action == "recreate":
+                self._recreate(agent, rec)
+            elif fault.action == "replay":
+                self._start(self._replay, agent, fault, rec)
+            elif fault.action == "kill-loop":
+                self._start(self._kill_loop, agent, fault, rec, now)
+            else:
+                self._agent(fault, agent, rec)
         elif fault.action == "loss" and fault.on == "data":
             self._data_loss(fault, rec)
         elif fault.action in ("loss", "partition"):
@@ -117,18 +162,34 @@ class Faults:
             self._note(self.ruleset())
         return rec
 
-    def _agent(self, fault: Fault, rec: dict) -> None:
+    def _agent_of(self, fault: Fault, rec: dict) -> Agent | None:
         agent = self.agents.get(fault.agent)
         rec["agent"] = fault.agent
         if agent is None:
             rec["skipped"] = f"no agent on {fault.agent} in this run"
-            return
+            return None
+        if fault.action == "replay" and fault.agent not in self.captures:
+            rec["skipped"] = "this run has no control network to capture on"
+            return None
         rec["pid"] = agent.proc.pid
+        return agent
+
+    def _start(self, target, *args) -> None:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _respawn(self, agent: Agent) -> subprocess.Popen:
+        """The same argv again, logging to a file of its own."""
+        n = self.restarts[agent.host] = self.restarts.get(agent.host, 0) + 1
+        agent.log = self.logs / f"agent-{agent.host}.restart{n}.log"
+        self.born[agent.host] = time.monotonic() - self.t0
+        agent.proc = self.lab.spawn(agent.host, agent.argv, log=agent.log)
+        return agent.proc
+
+    def _agent(self, fault: Fault, agent: Agent, rec: dict) -> None:
         if fault.action == "restart":
-            n = self.restarts[agent.host] = self.restarts.get(agent.host, 0) + 1
-            agent.log = self.logs / f"agent-{agent.host}.restart{n}.log"
-            agent.proc = self.lab.spawn(agent.host, agent.argv, log=agent.log)
-            rec["pid"] = agent.proc.pid
+            rec["pid"] = self._respawn(agent).pid
             threading.Thread(target=self._when_ready, args=(agent, agent.proc, rec), daemon=True).start()
             return
         if agent.proc.poll() is not None:
@@ -158,6 +219,80 @@ class Faults:
         except LabError as e:
             rec["error"] = str(e)
 
+    def _recreate(self, agent: Agent, rec: dict) -> None:
+        """Delete the agent's data interface and make it again; a thread notes when the agent
+        reports its filter on the new one (``reattached_at_s``)."""
+        iface = self.plan.agent_ifaces()[agent.host]
+        veth = next(v for v in self.plan.veths if iface in (v.a, v.b))
+        started = time.monotonic()
+        self.lab.apply(self.plan.recreate_commands(veth))
+        rec.update(iface=iface.name, took_s=round(time.monotonic() - started, 3))
+        res = subprocess.run(["ip", "-n", self.plan.ns(agent.host), "-j", "link", "show", "dev", iface.name],
+                             capture_output=True, text=True)
+        try:
+            rec["ifindex"] = json.loads(res.stdout)[0]["ifindex"]
+        except (ValueError, LookupError):
+            raise LabError(f"{iface.name} did not come back in {self.plan.ns(agent.host)}") from None
+        self._start(self._when_attached, agent, rec)
+
+    def _when_attached(self, agent: Agent, rec: dict) -> None:
+        deadline = time.monotonic() + 10.0
+        while not self.stopping.wait(0.05) and time.monotonic() < deadline:
+            try:
+                dp = agent.status()["datapath"]
+            except ControlError:
+                continue
+            if dp.get("ifindex") == rec["ifindex"] and dp.get("state") == "attached":
+                rec["reattached_at_s"] = round(time.monotonic() - self.t0, 3)
+                return
+        rec["error"] = f"the agent did not report its filter on {rec['iface']} (index {rec['ifindex']})"
+
+    def _rejected(self, agent: Agent) -> dict[str, int]:
+        return dict(agent.status()["gossip"]["rejected_by_reason"])
+
+    def _replay(self, agent: Agent, fault: Fault, rec: dict) -> None:
+        """Once the agent answers: send what was captured before its life began, then count what
+        it rejected."""
+        try:
+            agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+            born = self.born.get(agent.host)
+            now = time.monotonic() - self.t0
+            packets = self.captures[agent.host].before(now if born is None else born, fault.count)
+            rec.update(sent_at_s=round(now, 3), captured=len(packets),
+                       captured_from_life="earlier" if born is not None else "current")
+            before = self._rejected(agent)
+            senders = {v.a.addr: self.plan.ns(v.a.host) for v in self.plan.ctl}
+            by_source = send(packets, senders)
+            rec.update(sent=sum(by_source.values()), sent_by_source=by_source)
+            self.stopping.wait(REJECTS_SETTLE_S)
+            after = self._rejected(agent)
+            rec["rejected"] = {r: n - before.get(r, 0) for r, n in after.items() if n != before.get(r, 0)}
+        except (LabError, ControlError) as e:
+            rec["error"] = str(e)
+
+    def _kill_loop(self, agent: Agent, fault: Fault, rec: dict, now: float) -> None:
+        """SIGKILL and start again at now, now + every, ... while within ``for``; the last one is
+        left running (``ready_at_s``: when it answered)."""
+        rec.update(kills=0, pids=[])
+        k = 0
+        while k * fault.every_s < fault.for_s - 1e-9:
+            if self.stopping.wait(max(0.0, self.t0 + now + k * fault.every_s - time.monotonic())):
+                return
+            proc = agent.proc
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                rec["error"] = f"the agent on {agent.host} (pid {proc.pid}) survived SIGKILL"
+                return
+            rec["kills"] += 1
+            rec["pids"].append(self._respawn(agent).pid)
+            k += 1
+        self._when_ready(agent, agent.proc, rec)
+
     def _control(self, fault: Fault, rec: dict) -> None:
         if not self.plan.ctl:
             rec["skipped"] = "this run has no control network"
@@ -165,7 +300,10 @@ class Faults:
         ns = self.plan.ns("ctl")
         ports = {v.a.host: v.b.name for v in self.plan.ctl}
         self._ensure(ns, "bridge", {"gossip_loss": "forward", "partition": "forward"})
-        if fault.action == "loss":
+        if fault.action == "loss" and fault.direction:
+            rules = one_way_rules(ports[fault.agent], fault.direction, fault.percent)
+            self._replace(ns, "bridge", "gossip_loss", rules, rec)
+        elif fault.action == "loss":
             hosts = list(fault.hosts) or list(ports)
             rules = gossip_loss_rules([ports[h] for h in hosts], fault.percent, list(ports.values()))
             self._replace(ns, "bridge", "gossip_loss", rules, rec)
@@ -246,7 +384,13 @@ class Faults:
         self.tables.clear()
 
     def close(self) -> None:
-        """End of the run: stopped agents resume (so SIGTERM can detach them), tables go."""
+        """End of the run: loops and replays end, captures close, stopped agents resume (so
+        SIGTERM can detach them), tables go."""
+        self.stopping.set()
+        for t in self.threads:
+            t.join()
+        for cap in self.captures.values():
+            cap.close()
         for host in sorted(self.stopped):
             proc = self.agents[host].proc
             if proc.poll() is None:

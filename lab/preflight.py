@@ -58,6 +58,13 @@ def check(exp: Experiment) -> None:
         if fault.action in ("loss", "partition") and not shutil.which("nft"):
             raise field_error(exp, f"[[fault]] #{fault.index + 1}", "fault", fault.index, "action",
                               f"{fault.action} needs nftables' nft (apt install nftables)")
+        if fault.action == "recreate":
+            hop = exp.route(fault.agent, exp.sink)[1]
+            link = next(l for l in exp.links if set(l.ends) == {fault.agent, hop})
+            if link.impaired and not netem_available():
+                raise field_error(exp, f"[[fault]] #{fault.index + 1}", "fault", fault.index, "action",
+                                  f"recreate cannot make link {fault.agent}-{hop} again: it has a delay line "
+                                  "here (no sch_netem), whose relay would need starting again too")
 
 
 def available_cc() -> list[str] | None:

@@ -23,8 +23,8 @@ from drl.agent.config.toml import key_line
 from drl.agent.units import UnitError, parse_duration, parse_rate, parse_size
 
 from .errors import LabError
-from .spec import (AGENT_ACTIONS, CHECKS, FAULT_ACTIONS, FAULT_HORIZON_S, KINDS, LOSS_ON, ROLES, Experiment, Fault,
-                   Link, LinkEvent, Traffic)
+from .spec import (AGENT_ACTIONS, CHECKS, DIRECTIONS, FAULT_ACTIONS, FAULT_HORIZON_S, KINDS, LOSS_ON, REPLAY_COUNT,
+                   ROLES, Experiment, Fault, Link, LinkEvent, Traffic)
 
 HOST_NAME = re.compile(r"[a-z][a-z0-9]{0,5}")  # <= 6 chars: interface names are <= 15 (lab/topology.py)
 RESERVED = {"ctl"}  # the control-network namespace
@@ -204,14 +204,32 @@ def _fault(t: "_Table", duration: float, default_checks: dict[str, float]) -> Fa
         raise t.error("at", f"must lie within the experiment (0 .. {duration:g} s)")
     action = t.text("action", choices=FAULT_ACTIONS)
     fields: dict[str, Any] = {}
+    horizon_default = FAULT_HORIZON_S
     if action in AGENT_ACTIONS:
         fields["agent"] = t.text("agent")
+    if action == "kill-loop":
+        every, span = t.positive(t.duration("every"), "every"), t.positive(t.duration("for"), "for")
+        if every > span:
+            raise t.error("every", f"{every:g} s is longer than the loop ('for' = {span:g} s)")
+        if at + span > duration:
+            raise t.error("for", f"the loop must end within the experiment ({at:g} + {span:g} s > {duration:g} s)")
+        fields.update(every_s=every, for_s=span)
+        horizon_default = span + FAULT_HORIZON_S   # the whole loop, and what its last start does
+    elif action == "replay":
+        fields["count"] = t.integer("count", REPLAY_COUNT, lo=1)
     elif action == "loss":
-        percent = t.number("percent", integer=True)
+        direction = t.text("direction", choices=DIRECTIONS) if "direction" in t.data else None
+        percent = t.number("percent", 100 if direction else _REQUIRED, integer=True)
         if not 1 <= percent <= 100:
             raise t.error("percent", f"a whole percentage 1..100, got {percent}")
-        fields.update(percent=percent, on=t.text("on", choices=LOSS_ON))
-        if "hosts" in t.data:
+        fields.update(percent=percent, on=t.text("on", "gossip" if direction else _REQUIRED, choices=LOSS_ON))
+        if direction:
+            if fields["on"] != "gossip":
+                raise t.error("direction", "only gossip loss has a direction (one agent's datagrams in or out)")
+            if "hosts" in t.data:
+                raise t.error("hosts", "a one-way loss names one `agent`, not hosts")
+            fields.update(direction=direction, agent=t.text("agent"))
+        elif "hosts" in t.data:
             fields["hosts"] = tuple(t.host_list("hosts"))
     elif action == "partition":
         groups = t._get("groups", _REQUIRED)
@@ -220,7 +238,7 @@ def _fault(t: "_Table", duration: float, default_checks: dict[str, float]) -> Fa
             raise t.error("groups", f"expected a list of lists of limiter names, like [[\"l1\", \"l2\"], [\"l3\"]], "
                                     f"got {groups!r}")
         fields["groups"] = tuple(tuple(g) for g in groups)
-    horizon = t.positive(t.duration("horizon", FAULT_HORIZON_S), "horizon")
+    horizon = t.positive(t.duration("horizon", horizon_default), "horizon")
     own = t._get("checks", {})
     if not isinstance(own, dict):
         raise t.error("checks", f"expected an inline table like {{ max_window_ratio = 1.05, recovery_s = 3 }}, got {own!r}")
@@ -248,17 +266,27 @@ def _check_faults(exp: Experiment, src: "_Source") -> tuple[Fault, ...]:
     after stop), and partitions are completed with the limiters they leave out; time-ordered."""
     limiters = exp.limiters
     out, state = [], {h: "running" for h in limiters}
+    looping: dict[str, float] = {}   # agent -> when its kill-loop ends
     for f in sorted(exp.faults, key=lambda f: f.at_s):
         where = _Table(src, {}, f"[[fault]] #{f.index + 1}", "fault", f.index)
+        if f.agent is not None and f.agent not in limiters:
+            raise where.error("agent", f"{f.agent!r} is not a limiter (agents run on {', '.join(limiters)})")
         if f.action in AGENT_ACTIONS:
-            if f.agent not in limiters:
-                raise where.error("agent", f"{f.agent!r} is not a limiter (agents run on {', '.join(limiters)})")
+            if f.at_s < looping.get(f.agent, -1.0):
+                raise where.error("action", f"cannot {f.action} {f.agent} at {f.at_s:g} s: its kill-loop runs "
+                                            f"until {looping[f.agent]:g} s")
+            alive = ("running", "stopped", "dead")
             need, after = {"kill": (("running", "stopped"), "dead"), "stop": (("running",), "stopped"),
-                           "cont": (("stopped",), "running"), "restart": (("dead",), "running")}[f.action]
+                           "cont": (("stopped",), "running"), "restart": (("dead",), "running"),
+                           "recreate": (alive, state[f.agent]), "replay": (("running",), "running"),
+                           "kill-loop": (("running",), "running")}[f.action]
             if state[f.agent] not in need:
                 raise where.error("action", f"cannot {f.action} {f.agent} at {f.at_s:g} s: it is {state[f.agent]} "
-                                            f"then (restart follows a kill, cont a stop)")
+                                            f"then (restart follows a kill, cont a stop; replay and kill-loop "
+                                            f"need it running)")
             state[f.agent] = after
+            if f.action == "kill-loop":
+                looping[f.agent] = f.at_s + f.for_s
         if f.action in ("partition",) or (f.action == "loss" and f.on == "gossip"):
             if len(limiters) < 2:
                 raise where.error("action", f"{f.action} on the control network needs at least two limiters")

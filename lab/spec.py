@@ -64,9 +64,11 @@ class LinkEvent:
     rate_Bps: float
 
 
-FAULT_ACTIONS = ("kill", "stop", "cont", "restart", "loss", "partition", "heal")
-AGENT_ACTIONS = ("kill", "stop", "cont", "restart")
+FAULT_ACTIONS = ("kill", "stop", "cont", "restart", "recreate", "replay", "kill-loop", "loss", "partition", "heal")
+AGENT_ACTIONS = ("kill", "stop", "cont", "restart", "recreate", "replay", "kill-loop")   # they name an `agent`
 LOSS_ON = ("gossip", "data")
+DIRECTIONS = ("in", "out")   # a one-way gossip loss: what `agent` receives, or what it sends
+REPLAY_COUNT = 100           # replay: how many captured datagrams it sends, by default
 CHECKS = ("max_window_ratio", "recovery_s")   # per-fault checks (lab/results.py evaluates them)
 FAULT_HORIZON_S = 5.0   # default: a fault's worst window is looked for in this long after it
 
@@ -77,14 +79,23 @@ class Fault:
     measures the worst 1-s window in ``horizon_s`` after it and the time until the limit is used again.
 
     kill/stop/cont/restart: ``agent``'s process gets SIGKILL/SIGSTOP/SIGCONT, or is started again.
+    recreate: ``agent``'s data interface toward the sink is deleted and made again (both ends,
+    addresses, routes).  replay: gossip datagrams captured arriving at ``agent`` before its
+    current life (at most ``count``) are sent to it again from their senders' addresses.
+    kill-loop: ``agent`` is killed and started again every ``every_s`` for ``for_s``.
     loss: ``percent`` % of the packets ``on`` the gossip (control) network or the data links of
-    ``hosts`` are dropped (a later loss on the same network replaces it); partition: the control
+    ``hosts`` are dropped, or with a ``direction`` only the gossip ``agent`` receives ("in") or
+    sends ("out") (a later loss on the same network replaces it); partition: the control
     network is cut between ``groups``; heal: every loss and partition is removed."""
     at_s: float
     action: str
     agent: str | None = None
     percent: int | None = None
     on: str | None = None
+    direction: str | None = None                      # loss: one agent's gossip, one way
+    every_s: float | None = None                      # kill-loop: the period
+    for_s: float | None = None                        # kill-loop: how long it lasts
+    count: int | None = None                          # replay: at most this many datagrams
     hosts: tuple[str, ...] = ()                      # loss: whose links (gossip: agents; data: any host)
     groups: tuple[tuple[str, ...], ...] = ()          # partition: complete, disjoint groups of limiters
     horizon_s: float = FAULT_HORIZON_S
@@ -94,8 +105,12 @@ class Fault:
     @property
     def label(self) -> str:
         """``kill l3``, ``loss 30% gossip``, ``partition l1,l2|l3``: for progress lines and plots."""
+        if self.action == "kill-loop":
+            return f"kill-loop {self.agent} every {self.every_s:g}s for {self.for_s:g}s"
         if self.action in AGENT_ACTIONS:
             return f"{self.action} {self.agent}"
+        if self.action == "loss" and self.direction:
+            return f"loss {self.percent}% gossip {self.direction} ({self.agent})"
         if self.action == "loss":
             return f"loss {self.percent}% {self.on}" + (f" ({','.join(self.hosts)})" if self.hosts else "")
         if self.action == "partition":
@@ -171,4 +186,4 @@ class Experiment:
             self, duration_s=duration_s, warmup_s=self.warmup_s * k,
             traffic=tuple(dataclasses.replace(t, start_s=t.start_s * k, stop_s=t.stop_s * k) for t in self.traffic),
             events=tuple(dataclasses.replace(e, at_s=e.at_s * k) for e in self.events),
-            faults=tuple(dataclasses.replace(f, at_s=f.at_s * k) for f in self.faults))
+            faults=tuple(dataclasses.replace(f, at_s=f.at_s * k, for_s=f.for_s and f.for_s * k) for f in self.faults))

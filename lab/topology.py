@@ -203,9 +203,7 @@ class Topology:
             if v in lines:
                 cmds += self._delay_line_commands(lines[v])
                 continue
-            cmds.append(["ip", "link", "add", v.a.name, "netns", self.ns(v.a.host),
-                         "type", "veth", "peer", "name", v.b.name, "netns", self.ns(v.b.host)])
-            cmds += self._end_commands(v.a) + self._end_commands(v.b)
+            cmds += self._pair_commands(v)
         cmds += [["ip", "netns", "exec", self.ns(h), "sysctl", "-qw", "net.ipv4.ip_forward=1"] for h in self.forwarding]
         cmds += [["ip", "-n", self.ns(r.host), "route", "add", r.dst, "via", r.via, *self.route_options()]
                  for r in self.routes]
@@ -214,6 +212,30 @@ class Topology:
         for v in self.veths:
             if v.link and (v.link.rate_Bps or v.link.impaired):
                 cmds += self.shaping_commands(v.link, v.link.rate_Bps)
+        return cmds
+
+    def _pair_commands(self, v: Veth) -> list[list[str]]:
+        return [["ip", "link", "add", v.a.name, "netns", self.ns(v.a.host),
+                 "type", "veth", "peer", "name", v.b.name, "netns", self.ns(v.b.host)],
+                *self._end_commands(v.a), *self._end_commands(v.b)]
+
+    def recreate_commands(self, v: Veth) -> list[list[str]]:
+        """Delete data link ``v`` (both ends go with either) and make it again as build_commands
+        did: the pair, both ends' addresses and settings, the routes through it, its RTO floor
+        and its file's shaping (a link event's rate is not kept).  A delay-lined link is refused:
+        its relay would need starting again too."""
+        if v not in self.veths:
+            raise LabError(f"{v.a.name} is not a data link")
+        if any(d.veth == v for d in self.delay_lines()):
+            raise LabError(f"link {v.a.host}-{v.b.host} has a delay line: it cannot be made again")
+        ends = {v.a.host: v.b.addr, v.b.host: v.a.addr}
+        cmds = [["ip", "-n", self.ns(v.a.host), "link", "del", v.a.name], *self._pair_commands(v)]
+        cmds += [["ip", "-n", self.ns(r.host), "route", "add", r.dst, "via", r.via, *self.route_options()]
+                 for r in self.routes if ends.get(r.host) == r.via]
+        if self.rto_min:
+            cmds += self._subnet_routes(v.a) + self._subnet_routes(v.b)
+        if v.link and (v.link.rate_Bps or v.link.impaired):
+            cmds += self.shaping_commands(v.link, v.link.rate_Bps)
         return cmds
 
     def _delay_line_commands(self, d: DelayLine) -> list[list[str]]:
