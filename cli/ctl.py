@@ -142,6 +142,7 @@ def render(st: dict) -> str:
         f"dropped     {format_size(st['dropped_bytes'])} in {st['dropped_packets']} packets"
         + ("  (shadow mode: would have dropped; nothing was)" if st.get("shadow") else ""),
     ]
+    lines += [f"hint        {c['name']}: {c['hint']}" for c in st.get("classes", []) if c.get("hint")]
     g = st["gossip"]
     lines.append(f"gossip      sent {g['sent']}  received {g['received']}  lost {g['lost']}  "
                  f"rejected {g['rejected']}  control {format_rate(g['control_bps'] / 8)}")

@@ -3,6 +3,7 @@
     dp = FakeDatapath()
     agent = Agent(cfg, transport=MemoryTransport, datapath=lambda cfg, gossip_port: dp)
     dp.send(1500)          # 1500 bytes passed the limiter, as one flow of class 0
+    dp.bypass_send(1500)   # 1500 bytes left outside every class
     dp.classes[0]          # (mode, settings) the agent last wrote
 
 Tests and tools that run the daemon without root use it; the counters are the
@@ -25,6 +26,7 @@ class FakeDatapath:
 
     def __init__(self):
         self.counters = Counters()
+        self.bypass = Counters()          # traffic of no class (bpf/count.h bypass_counters)
         self.flows: list[FlowSample] = []
         self.classes: dict[int, tuple[Mode, dict]] = {}
         self.rules: list = []
@@ -73,6 +75,14 @@ class FakeDatapath:
 
     def read_flows(self, full=False):
         return {CLASS_ID: list(self.flows)}
+
+    def read_bypass(self):
+        return self.bypass
+
+    def bypass_send(self, nbytes: int) -> None:
+        """``nbytes`` left the interface in one packet no class matched."""
+        b = self.bypass
+        self.bypass = b._replace(passed_bytes=b.passed_bytes + nbytes, passed_packets=b.passed_packets + 1)
 
     def send(self, nbytes: int) -> None:
         """``nbytes`` passed the limiter, as one flow."""

@@ -70,6 +70,7 @@ from drl.agent.service.notify import Notifier
 from drl.agent.service.rates import host_burst, local_limit, safe_rate, slack_s
 from drl.agent.service.registry_sync import RegistrySync
 from drl.agent.service.tick_errors import TickErrors
+from drl.agent.service.unmatched import Unmatched, gossip_wire_bytes
 from drl.agent.service.signals import watch_signals
 from drl.agent.service.status import agent_status, listen
 from drl.agent.units import to_bps
@@ -187,6 +188,7 @@ class Agent:
         self.tick_stats = TickStats()
         self.errors = TickErrors()
         self.drops = Drops()
+        self.unmatched = Unmatched(self.cfg.iface)
 
     def _acquire(self, transport: Callable[[Config], Any], datapath: Callable[[Config, int | None], Any]) -> None:
         """Sockets, state and BPF, in the order that leaves nothing attached if one fails."""
@@ -395,6 +397,7 @@ class Agent:
                 self.limits.announce(run)
         self.cfg = dataclasses.replace(self.cfg, classes=confs)
         self.drops.retain(self.table)
+        self.unmatched.retain(self.table)
         self.shaper.retain([run.class_id for run in self.table])    # removed classes' HTB classes go
         return changes
 
@@ -426,6 +429,7 @@ class Agent:
                     self.errors.record(stage, e, now, class_=run.name)
                     self._fall_back(run)
         self.dp.heartbeat()     # every config stays fresh, the ones _enforce did not write again too
+        self.unmatched.observe(now, runs, counters, self.dp.read_bypass(), gossip_wire_bytes(self.transport.stats))
         self.transport.publish(out, now)
         if self.clients:
             n_hosts = 1 + self.members.view(0, now).n_alive      # the hosts whose reports count

@@ -80,6 +80,7 @@ def class_status(agent: "Agent", run: ClassRun) -> dict:
         "clients": client_summary(agent.clients.get(run.name), time.monotonic()),
         "quota_bytes_left": d.quota_bytes, "gossip_lost": agent.members.class_lost[run.conf.key],
         "errors": agent.errors.of(run.name),
+        "hint": agent.unmatched.hint(run),     # its spec matched nothing while the interface was busy (unmatched.py)
         "allocator_state": allocator_state(d.info)}
 
 

@@ -53,7 +53,9 @@ STATUS_KEYS = {
     # police or shape; and whether its HTB class holds (false: policed instead)
     "enforce", "shaped",
     # per-client throttle and ban (the class's client rule and its refusals)
-    "throttled_bytes", "throttled_packets", "banned_bytes", "banned_packets", "clients"}
+    "throttled_bytes", "throttled_packets", "banned_bytes", "banned_packets", "clients",
+    # a class whose spec matched nothing while the interface carried traffic (null otherwise)
+    "hint"}
 # The contract for each entry of "classes".
 CLASS_KEYS = {"name", "allocator", "global_limit_bps", "effective_limit_bps", "local_limit_bps", "demand_bps",
               "drop_probability", "passed_bytes", "dropped_bytes", "limit_version", "errors"}
