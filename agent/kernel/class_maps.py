@@ -57,11 +57,12 @@ class ClassMaps:
     def set_class(self, class_id: int, mode: Mode, rate_Bps: float = 0, burst_bytes: int | None = None,
                   drop_probability: float = 0.0, safe_rate_Bps: float | None = None,
                   timeout_s: float | None = None, quota_bytes: int | None = None, shadow: bool = False,
-                  shape_prio: int = 0) -> None:
+                  shape_prio: int = 0, safe_burst_bytes: int | None = None) -> None:
         """Write a class's config in one map update, stamped with now_ns().
 
         burst_bytes None = default_burst(rate_Bps).  After timeout_s without a
-        new set_class or heartbeat the kernel enforces safe_rate_Bps (None = no limit).
+        new set_class or heartbeat the kernel enforces safe_rate_Bps (None = no limit)
+        with a bucket of safe_burst_bytes (None = default_burst(safe_rate_Bps)).
         quota_bytes: bytes the class may pass from now on (every call with a
         number restarts the allowance); None = no quota.  shadow: what the
         policy refuses is counted as dropped but passes (bpf/police.h refuse).
@@ -77,7 +78,7 @@ class ClassMaps:
         table = self._bpf[b"config"]
         try:
             cfg = self._class_config(table.Leaf(), class_id, mode, rate_Bps, burst_bytes, drop_probability,
-                                     safe_rate_Bps, timeout_s, quota_bytes, shadow, shape_prio)
+                                     safe_rate_Bps, timeout_s, quota_bytes, shadow, shape_prio, safe_burst_bytes)
         except (ArithmeticError, ValueError, TypeError) as e:    # what _whole missed, ctypes' own refusals
             raise DatapathError(f"class {class_id}: cannot write its config: {e}") from None
         if self._pending is not None:
@@ -89,7 +90,7 @@ class ClassMaps:
             raise DatapathError(f"class {class_id}: cannot write its config: {e}") from None
 
     def _class_config(self, cfg, class_id: int, mode: Mode, rate_Bps, burst_bytes, drop_probability,
-                      safe_rate_Bps, timeout_s, quota_bytes, shadow, shape_prio):
+                      safe_rate_Bps, timeout_s, quota_bytes, shadow, shape_prio, safe_burst_bytes):
         """``cfg`` (a zeroed Leaf, in no map) filled with set_class's arguments, each checked
         against its C type first (_whole); DatapathError names the first that does not fit."""
         what = f"class {class_id}"
@@ -106,7 +107,8 @@ class ClassMaps:
         cfg.burst_bytes = burst
         cfg.drop_prob = round(drop_probability * abi.PROB_ONE)
         cfg.safe_rate_Bps = safe
-        cfg.safe_burst_bytes = default_burst(0 if safe_rate_Bps is None else safe)
+        cfg.safe_burst_bytes = (default_burst(0 if safe_rate_Bps is None else safe) if safe_burst_bytes is None
+                                else _whole(safe_burst_bytes, 64, f"{what}: safe burst"))
         cfg.timeout_ns = timeout_ns
         cfg.floor_rate_Bps = self._floor_rate_Bps
         # the same three buckets as time, so the program never divides (agent/kernel/bucket.py)

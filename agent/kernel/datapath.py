@@ -58,7 +58,8 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 * ``attachment``: ``{"state": "attached"|"failed"|"detached", "reattached": N,
   "error": None|str, "ifindex": N, "recreated": N}`` for the agent's status.
 * ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
-  safe_rate_Bps=None, timeout_s=None, quota_bytes=None, shadow=False, shape_prio=0)``: one write, stamped
+  safe_rate_Bps=None, timeout_s=None, quota_bytes=None, shadow=False, shape_prio=0,
+  safe_burst_bytes=None)``: one write, stamped
   with ``now_ns()``, all or nothing: a value its C type cannot hold (inf, NaN, negative, past
   2^64) raises DatapathError and the class keeps the config it had.  Until a class is set it
   passes everything.

@@ -450,7 +450,8 @@ class Agent:
             safe_Bps = safe_rate(run.conf, limit, n_nodes)
             burst = host_burst(run.conf, limit, n_nodes, safe_Bps, "police")
             self.dp.set_class(run.class_id, Mode.BUCKET, rate_Bps=safe_Bps, burst_bytes=burst,
-                              safe_rate_Bps=safe_Bps, timeout_s=self.cfg.failsafe_s, shadow=run.conf.shadow)
+                              safe_rate_Bps=safe_Bps, safe_burst_bytes=burst, timeout_s=self.cfg.failsafe_s,
+                              shadow=run.conf.shadow)
             self.shaper.discard(run.class_id)
         except Exception as e:
             self.errors.record("fallback", e, time.monotonic(), class_=run.name)
@@ -496,9 +497,10 @@ class Agent:
             self.shaper.discard(run.class_id)
         if not prio:
             burst = host_burst(run.conf, limit, n_nodes, d.limit_Bps, "police")
+        safe_burst = host_burst(run.conf, limit, n_nodes, safe_Bps, "police")     # the fail-safe polices
         # the config in force again is not written again (the tick's heartbeat keeps it fresh),
         # unless it carries a quota: every write of one starts a new allowance
-        config = (d.mode, d.limit_Bps, burst, d.drop_probability, safe_Bps, self.cfg.failsafe_s,
+        config = (d.mode, d.limit_Bps, burst, d.drop_probability, safe_Bps, safe_burst, self.cfg.failsafe_s,
                   run.conf.shadow, prio)
         if config == run.written and d.quota_bytes is None:
             return
@@ -506,4 +508,4 @@ class Agent:
         self.dp.set_class(run.class_id, d.mode, rate_Bps=d.limit_Bps, burst_bytes=burst,
                           drop_probability=d.drop_probability, safe_rate_Bps=safe_Bps,
                           timeout_s=self.cfg.failsafe_s, quota_bytes=d.quota_bytes, shadow=run.conf.shadow,
-                          shape_prio=prio)
+                          shape_prio=prio, safe_burst_bytes=safe_burst)

@@ -287,11 +287,24 @@ def _config(dp, class_id: int) -> bytes:
     return bytes(dp._bpf[b"config"][ct.c_int(class_id)])
 
 
+def test_the_fail_safe_bucket_is_as_deep_as_asked_else_the_police_rule(net, datapath):
+    """The agent gives the fail-safe its share of the burst budget (agent/burst.py); without
+    one it is the police rule at the safe rate (300 ms, at least 128 KiB)."""
+    import ctypes as ct
+
+    dp = datapath()
+    dp.set_class(0, Mode.BUCKET, rate_Bps=10 * MBIT, safe_rate_Bps=2.5e6, timeout_s=5.0, safe_burst_bytes=100_000)
+    assert dp._bpf[b"config"][ct.c_int(0)].safe_burst_bytes == 100_000
+    dp.set_class(0, Mode.BUCKET, rate_Bps=10 * MBIT, safe_rate_Bps=2.5e6, timeout_s=5.0)
+    assert dp._bpf[b"config"][ct.c_int(0)].safe_burst_bytes == 750_000
+
+
 @pytest.mark.parametrize("bad", [
     {"rate_Bps": float("inf")}, {"rate_Bps": float("nan")}, {"rate_Bps": 2.0**64},
     {"burst_bytes": 2**64}, {"burst_bytes": -1}, {"safe_rate_Bps": float("inf")}, {"safe_rate_Bps": -5.0},
     {"timeout_s": float("inf")}, {"timeout_s": -1.0}, {"timeout_s": 1e12}, {"quota_bytes": 2**64},
-    {"quota_bytes": -1}, {"shape_prio": 2**32}, {"drop_probability": float("nan")}])
+    {"quota_bytes": -1}, {"shape_prio": 2**32}, {"drop_probability": float("nan")},
+    {"safe_burst_bytes": 2**64}, {"safe_burst_bytes": -1}])
 def test_a_value_out_of_range_leaves_the_previous_config(net, datapath, bad):
     """set_class is all-or-nothing: a value the C type cannot hold (1e400mbit is inf) raises
     DatapathError and the class keeps the config it had, alone or inside a batch (where the

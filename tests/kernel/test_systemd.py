@@ -47,9 +47,7 @@ SAMPLE_S = 0.1
 # 1.1x leaves room for the sampling but not for a moment without the filter.
 BURST_S = 0.05
 # While the agent is gone (SIGKILL, SIGSTOP: past the fail-safe time of 20 ticks) the kernel
-# polices the class's safe_rate with a bucket 300 ms deep whatever burst= says
-# (agent/kernel/class_maps.py: default_burst): up to 1.3x the safe rate in a 1-s window.
-# At 0.8x the limit that stays under 1.05x the limit.
+# polices the class's safe_rate with a bucket of at most burst= (agent/burst.py host_depth).
 SAFE = 0.8
 
 

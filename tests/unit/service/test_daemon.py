@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from drl.agent.burst import SHAPE_FLOOR
+from drl.agent.burst import POLICE_FLOOR, SHAPE_FLOOR
 from drl.agent.config.build import class_key
 from drl.agent.service.daemon import CLUSTER, Agent
 from drl.agent.service.rates import safe_rate
@@ -78,6 +78,7 @@ def test_a_burst_budget_is_shared_by_the_hosts_buckets(tmp_path):
     with agent(cfg, dp) as a:
         a.tick(time.monotonic())
         assert dp.classes[CLASS_ID][1]["burst_bytes"] == 133_333
+        assert dp.classes[CLASS_ID][1]["safe_burst_bytes"] == 133_333     # at the safe rate G/N: the same share
         assert a.status()["classes"][0]["burst_budget_bytes"] == 400_000
 
 
@@ -95,7 +96,8 @@ def test_static_agent_writes_global_over_n_and_publishes_its_demand(tmp_path):
         # 50 ms of 12 Mbit/s is less than 3 hosts' HTB floors: each host's burst is its floor
         assert settings == {"rate_Bps": 500_000.0, "burst_bytes": SHAPE_FLOOR, "drop_probability": 0.0,
                             "safe_rate_Bps": 500_000.0, "timeout_s": 20.0, "quota_bytes": None, "shadow": False,
-                            "shape_prio": handle(CLASS_ID)}             # the one class matches all: shaped
+                            "shape_prio": handle(CLASS_ID),             # the one class matches all: shaped
+                            "safe_burst_bytes": POLICE_FLOOR}           # the fail-safe polices: its floor
         status = a.status()
         assert status["local_limit_bps"] == 4e6 and status["mode"] == "bucket"
         assert 0 < status["demand_bps"] <= 2e6 and status["passed_bytes"] == 1_000_000
