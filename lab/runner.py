@@ -23,7 +23,7 @@ from drl.agent.units import to_bps
 
 from . import plots, preflight
 from .agents import Agent, StatusPoller, start_agents
-from .collector import DT, SinkMeter
+from .collector import DT, MAX_READ_S, SinkMeter
 from .delay import drops_summary, link_rows
 from .errors import LabError
 from .faults import Faults
@@ -72,6 +72,9 @@ def run_once(exp: Experiment, allocator: str, out: Path, k: int, progress: Progr
         _finish(clients + receivers)  # every receiver writes its report when its client is done
     result = analyse(exp, allocator, plan.run, k, groups, launched, meter, agents, out, faults.records)
     result["links"] = link_rows(lab.plan, lab.delay_stats())   # after teardown: the relays' final counts
+    slow = [r for r in meter.reads if r[1] > MAX_READ_S]
+    result["sink_reads"] = {"count": len(meter.reads), "dropped_slow": len(slow),
+                            "slowest_s": max((r[1] for r in meter.reads), default=None), "slow": slow[:50]}
     for line in drops_summary(result["links"]):
         progress(f"   {line}")
     for label in result["udp_groups_without_report"]:
@@ -129,7 +132,7 @@ def _play(lab: Lab, agents: list[Agent], groups: list[Group], out: Path, meter: 
                 link = next(l for l in exp.links if set(l.ends) == set(item.link))
                 lab.apply(lab.plan.shaping_commands(link, item.rate_Bps))
                 progress(f"   t={now:5.1f}s  link {'-'.join(item.link)} now {to_bps(item.rate_Bps) / 1e6:g} Mbit/s")
-        meter.sample(now)
+        meter.sample(time.monotonic() - t0)     # not ``now``: the actions above may have taken a while
         if tick % 10 == 0:
             progress(f"   t={now:5.1f}/{exp.duration_s:g}s  delivered {to_bps(meter.rate()) / 1e6:6.2f} Mbit/s")
             dead = next(filter(None, (a.exit_note() for a in agents)), None)
