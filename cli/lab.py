@@ -187,6 +187,11 @@ def render_faults(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _envelope(e: dict | None) -> str:
+    """The worst window's bytes over G x T + D, and its length: ``0.412 (1.0 s)``."""
+    return "-" if not e or e["ratio"] is None else f"{e['ratio']:.3f} ({e['window_s']:g} s)"
+
+
 def render(summary: dict) -> str:
     """The comparison table: one column per allocator (its first run, so headed when there are
     more; the last row averages Jain's index over all of them)."""
@@ -199,6 +204,7 @@ def render(summary: dict) -> str:
         rows.append((f"{lim['name']} share (flows)",
                      [f"{r['limiters'][i]['share']:.3f} ({r['limiters'][i]['flows']})" for r in runs]))
     rows.append(("Jain's index", [f"{r['jain_index']:.3f}" if r["jain_index"] is not None else "-" for r in runs]))
+    rows.append(("envelope (G T + D)", [_envelope(r.get("envelope")) for r in runs]))
     if repeated:
         rows.append(("Jain's index, all runs", [f"{c['jain_index']:.3f} mean of {c['runs']}" if c["jain_index"] else "-"
                                                  for c in summary["comparison"]]))

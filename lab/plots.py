@@ -3,7 +3,8 @@
     draw_all(json.load(open("results/baseline/result.json")), exp, Path("results/baseline"))
 
 * ``timeseries.png``: delivered rate per limiter and in aggregate, 1-s means,
-  one panel per allocator ([Raghavan07] Fig. 3, 6, 7, 9);
+  one panel per allocator ([Raghavan07] Fig. 3, 6, 7, 9), the worst window against
+  G x T + D shaded and its ratio in the title;
 * ``utilization.png``: histograms of aggregate/limit over 100 ms and 1 s (Fig. 4);
 * ``flows.png``: each flow's mean rate, grouped by limiter;
 * ``qq.png``: Q-Q plot of Jain's index against CTB when runs were repeated (Fig. 5).
@@ -57,7 +58,9 @@ def timeseries(runs: list[dict], exp: Experiment, path: Path) -> Path:
         ax.axhline(run["global_limit_bps"] / 1e6, ls="--", color="grey", lw=0.8)
         for c in changes:
             ax.axvline(c, ls=":", color="grey", lw=0.6)
-        ax.set_title(f"{run['experiment']}: {run['allocator']}  (Jain {run['jain_index'] or float('nan'):.3f})", fontsize=9)
+        ax.set_title(f"{run['experiment']}: {run['allocator']}  (Jain {run['jain_index'] or float('nan'):.3f}"
+                     f"{envelope_label(run.get('envelope'))})", fontsize=9)
+        _envelope(ax, run.get("envelope"))
         ax.set_ylabel("Mbit/s")
         if run.get("faults"):
             _faults(ax, run)
@@ -66,6 +69,20 @@ def timeseries(runs: list[dict], exp: Experiment, path: Path) -> Path:
             ax.legend(fontsize=6, ncol=6, loc="upper right")
     axes[-1, 0].set_xlabel("time (s)")
     return _save(fig, path)
+
+
+def envelope_label(e: dict | None) -> str:
+    """``; envelope 1.042 over 1.3 s at 90.1 s``: the worst window's bytes over G x T + D."""
+    if not e or e.get("ratio") is None:
+        return ""
+    return f"; envelope {e['ratio']:.3f} over {e['window_s']:g} s at {e['at_s']:g} s"
+
+
+def _envelope(ax, e: dict | None) -> None:
+    """The worst envelope window shaded: red when it carried more than G x T + D."""
+    if e and e.get("ratio") is not None:
+        ax.axvspan(e["at_s"], e["at_s"] + e["window_s"], color="tab:red" if e["ratio"] > 1 else "tab:green",
+                   alpha=0.15, lw=0, label=f"worst envelope window ({e['ratio']:.3f})")
 
 
 def _faults(ax, run: dict) -> None:

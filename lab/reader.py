@@ -24,7 +24,7 @@ from drl.agent.units import UnitError, parse_duration, parse_rate, parse_size
 
 from .errors import LabError
 from .spec import (AGENT_ACTIONS, CHECKS, DIRECTIONS, FAULT_ACTIONS, FAULT_HORIZON_S, KINDS, LOSS_ON, REPLAY_COUNT,
-                   ROLES, Experiment, Fault, Link, LinkEvent, Traffic)
+                   ROLES, RUN_CHECKS, Experiment, Fault, Link, LinkEvent, Traffic)
 
 HOST_NAME = re.compile(r"[a-z][a-z0-9]{0,5}")  # <= 6 chars: interface names are <= 15 (lab/topology.py)
 RESERVED = {"ctl"}  # the control-network namespace
@@ -34,6 +34,7 @@ AGENT_OPTIONS: dict[str, Callable[[str], Any]] = {
     "interval": parse_duration,
     "peer_timeout": parse_duration,
     "burst": parse_size,
+    "burst_budget": parse_size,
     "ewma": lambda v: _in_range(float(v), 0.0, 1.0, hi_open=True),
     "flow_ewma": lambda v: _in_range(float(v), 0.0, 1.0, hi_open=True),
     "sample_probability": lambda v: _in_range(float(v), 0.0, 1.0, lo_open=True),
@@ -89,6 +90,7 @@ def loads(text: str, path: str = "<string>") -> Experiment:
         rto_min_s=_rto_min(exp_t),
         congestion_control=_congestion_control(exp_t),
         faults=tuple(_fault(t, duration, checks) for t in top.array("fault")),
+        checks={k: v for k, v in checks.items() if k in RUN_CHECKS},
         path=path,
     )
     exp_t.finish()
@@ -248,14 +250,15 @@ def _fault(t: "_Table", duration: float, default_checks: dict[str, float]) -> Fa
 
 
 def _checks(data: dict, fail: Callable[[str | None, str], SpecError]) -> dict[str, float]:
-    """``max_window_ratio`` (> 0) and ``recovery_s`` (>= 0, seconds): what every fault (or one) must meet."""
+    """``max_window_ratio`` and ``max_envelope_ratio`` (> 0) and ``recovery_s`` (>= 0, seconds): what every
+    fault (or one) must meet; ``max_envelope_ratio`` in [checks] also bounds the whole run."""
     out = {}
     for key, value in data.items():
         if key not in CHECKS:
             raise fail(key, f"unknown check (expected one of {', '.join(CHECKS)})")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail(key, f"expected a number, got {value!r}")
-        if value < 0 or (key == "max_window_ratio" and value == 0):
+        if value < 0 or (key != "recovery_s" and value == 0):
             raise fail(key, f"{value} is out of range")
         out[key] = float(value)
     return out

@@ -12,12 +12,13 @@ import math
 from pathlib import Path
 
 from drl.lab.fairness import jain
-from drl.agent.units import to_bps
+from drl.agent import burst
+from drl.agent.units import parse_size, to_bps
 
 from . import metrics
 from .agents import Agent
 from .collector import DT, Flow, SinkMeter, flow_series, web_transfers
-from .spec import Experiment
+from .spec import REFERENCE, Experiment
 from .traffic import Group
 
 
@@ -49,6 +50,7 @@ def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Grou
         "window_ratios_1s": [round(x / exp.global_Bps, 4)
                              for x in metrics.rebin(aggregate[:round(measured_s / DT)], round(1.0 / DT))],
         "max_window_ratio": _max_window(exp, aggregate[:round(measured_s / DT)]),
+        "envelope": envelope(aggregate[:round(measured_s / DT)], exp.global_Bps, budget_bytes(exp, allocator)),
         "series": {
             "dt_s": DT,
             "aggregate_bps": _bps(aggregate),
@@ -60,9 +62,49 @@ def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Grou
     if any(g.traffic.kind == "web" for g in groups):
         result["web"] = metrics.web_table(web_transfers(groups, out))
     if exp.faults:
-        result["faults"] = fault_rows(exp, aggregate, faults or [], measured_s)
+        result["faults"] = fault_rows(exp, aggregate, faults or [], measured_s, result["envelope"]["budget_bytes"])
         result["checks"] = evaluate_checks(exp, result["faults"])
+    if exp.checks:
+        result["checks"] = result.get("checks", []) + run_checks(exp, result)
     return result
+
+
+def enforce_mode(exp: Experiment, allocator: str) -> str:
+    """How the agents enforce the run's class: the [agent] (or [params]) ``enforce``, else the
+    agent's default for a class that matches all traffic, as the lab's does (agent/config/build.py
+    default_enforce: shape, except grd's random drop, which only a policer can do)."""
+    return exp.agent_options(allocator).get("enforce") or ("police" if allocator == "grd" else "shape")
+
+
+def budget_bytes(exp: Experiment, allocator: str) -> int:
+    """D, the class's burst budget as the agents compute it (agent/burst.py) from the global
+    limit, the number of agents (one in the reference run), the mode and ``burst_budget``."""
+    opts = exp.agent_options(allocator)
+    configured = parse_size(opts["burst_budget"]) if "burst_budget" in opts else None
+    n = 1 if allocator == REFERENCE else len(exp.limiters)
+    return burst.budget(exp.global_Bps, n, enforce_mode(exp, allocator), configured)
+
+
+def envelope(aggregate: list[float], limit_Bps: float, budget: int, start_s: float = 0.0) -> dict:
+    """The worst window of >= 1 s against G x T + D (lab/metrics.py's envelope): ``ratio`` its
+    bytes over G x T + D (<= 1: the promise held) at ``at_s`` for ``window_s``, and the most any
+    window carried beyond G x T, ``excess_bytes``, at ``excess_at_s`` for ``excess_window_s``.
+    Over the whole measurement, warm-up included: the promise holds from the agents' start."""
+    e = metrics.envelope(aggregate, DT, limit_Bps, budget)
+    shift = lambda t: None if t is None else round(t + start_s, 3)   # noqa: E731
+    return {"budget_bytes": budget, "ratio": None if e["ratio"] is None else round(e["ratio"], 4),
+            "at_s": shift(e["ratio_at_s"]), "window_s": e["ratio_window_s"],
+            "excess_bytes": round(e["excess"]), "excess_at_s": shift(e["at_s"]), "excess_window_s": e["window_s"]}
+
+
+def run_checks(exp: Experiment, result: dict) -> list[dict]:
+    """The whole run's checks ([checks] of spec.RUN_CHECKS): the worst envelope ratio."""
+    out = []
+    for name, bound in exp.checks.items():
+        value = result["envelope"]["ratio"]
+        out.append({"at_s": None, "fault": "whole run", "check": name, "bound": bound, "value": value,
+                    "result": "fail" if value is None or value > bound + 1e-9 else "pass"})
+    return out
 
 
 def _max_window(exp: Experiment, aggregate: list[float]) -> float | None:
@@ -79,10 +121,12 @@ def demand_exceeds(exp: Experiment, t: float) -> bool:
     return any(g.kind == "tcp" for g in active) or udp > exp.global_Bps
 
 
-def fault_rows(exp: Experiment, aggregate: list[float], records: list[dict], measured_s: float | None = None) -> list[dict]:
+def fault_rows(exp: Experiment, aggregate: list[float], records: list[dict], measured_s: float | None = None,
+               budget: int | None = None) -> list[dict]:
     """One row per fault of the file: what was done (the runner's record) and what it did to the
-    aggregate: the worst 1-s window in its horizon (cut at the next fault's time) and the time
-    until the limit is used again (lab/metrics.py's fault_impact)."""
+    aggregate: the worst 1-s window in its horizon (cut at the next fault's time), the time
+    until the limit is used again (lab/metrics.py's fault_impact) and, given the budget D, the
+    worst window of >= 1 s within the horizon against G x T + D (``envelope``)."""
     rows = []
     for i, f in enumerate(exp.faults):
         rec = records[i] if i < len(records) else {"skipped": "not reached"}
@@ -99,22 +143,29 @@ def fault_rows(exp: Experiment, aggregate: list[float], records: list[dict], mea
         else:
             row.update(metrics.fault_impact(aggregate, DT, exp.global_Bps, at, until, demand_exceeds(exp, at),
                                             end_s=end))
+            if budget is not None:
+                lo = math.ceil(at / DT - 1e-9)
+                row["envelope"] = envelope(aggregate[lo:math.floor(until / DT + 1e-9)], exp.global_Bps, budget, lo * DT)
         rows.append(row)
     return rows
 
 
 def evaluate_checks(exp: Experiment, rows: list[dict]) -> list[dict]:
-    """Each fault's checks against its row: ``max_window_ratio`` (worst window <= it) and
+    """Each fault's checks against its row: ``max_window_ratio`` (worst window <= it),
+    ``max_envelope_ratio`` (worst window of >= 1 s in the horizon over G x T + D <= it) and
     ``recovery_s`` (limit used again within it; a skipped fault or one without excess demand
     is not checked, a fault whose aggregate never recovers fails)."""
     out = []
     for f, row in zip(exp.faults, rows):
         for name, bound in f.checks.items():
-            value = row["worst_window_ratio"] if name == "max_window_ratio" else row["recovery_s"]
+            value = {"max_window_ratio": row.get("worst_window_ratio"), "recovery_s": row.get("recovery_s"),
+                     "max_envelope_ratio": (row.get("envelope") or {}).get("ratio")}[name]
             if "skipped" in row:
                 verdict = "skipped"
             elif name == "recovery_s" and not demand_exceeds(exp, row["applied_at_s"]):
                 verdict = "skipped"
+            elif name == "max_envelope_ratio" and value is None:
+                verdict = "skipped"     # a horizon shorter than one window: the whole run's check covers it
             elif value is None:
                 verdict = "fail"
             else:

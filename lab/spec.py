@@ -69,7 +69,8 @@ AGENT_ACTIONS = ("kill", "stop", "cont", "restart", "recreate", "replay", "kill-
 LOSS_ON = ("gossip", "data")
 DIRECTIONS = ("in", "out")   # a one-way gossip loss: what `agent` receives, or what it sends
 REPLAY_COUNT = 100           # replay: how many captured datagrams it sends, by default
-CHECKS = ("max_window_ratio", "recovery_s")   # per-fault checks (lab/results.py evaluates them)
+CHECKS = ("max_window_ratio", "recovery_s", "max_envelope_ratio")   # lab/results.py evaluates them
+RUN_CHECKS = ("max_envelope_ratio",)   # also checked over the whole run when in [checks]
 FAULT_HORIZON_S = 5.0   # default: a fault's worst window is looked for in this long after it
 
 
@@ -136,6 +137,7 @@ class Experiment:
     rto_min_s: float | None = None              # TCP's minimum RTO on every host's routes
     congestion_control: str | None = None       # the TCP groups' algorithm; None: the machine's
     faults: tuple[Fault, ...] = ()              # in time order (file order among equal times)
+    checks: dict[str, float] = field(default_factory=dict)   # [checks] of RUN_CHECKS: over the whole run
     path: str = ""
 
     # -- the graph (hosts and links) -------------------------------------------------

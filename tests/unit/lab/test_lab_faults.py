@@ -333,4 +333,5 @@ def test_the_documented_fault_example_is_valid():
     exp = loads(base + example, "docs/lab.md")
     assert [f.label for f in exp.faults] == ["kill l3", "restart l3", "stop l2", "loss 30% gossip (l1)",
                                              "partition l1,l2|l3", "heal"]
-    assert exp.faults[0].checks == {"max_window_ratio": 1.25, "recovery_s": 3.0}
+    assert exp.faults[0].checks == {"max_window_ratio": 1.25, "recovery_s": 3.0, "max_envelope_ratio": 1.0}
+    assert exp.checks == {"max_envelope_ratio": 1.0}
