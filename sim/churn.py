@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from drl.agent import burst
 from drl.agent.allocators.gdrl import PARTS
 from drl.agent.allocators.graph import Graph
 from drl.agent.units import parse_rate
@@ -38,6 +39,7 @@ from .engine import Setup, Simulation
 from .experiments import Options
 from .openloop import PoissonDemand
 from .plots import Line, Panel, save
+from .trace import envelope
 
 SUMMARY = {"churn": "1,000 limiters, 10 % leave and 10 % join (half of them rejoins) "
                     "within a minute; aggregate vs limit for FPS and GDRL"}
@@ -115,6 +117,10 @@ def simulate(allocator: str, churn: Churn, opts: Options) -> dict:
             "members_min": int(members[warm:].min()), "members_max": int(members[warm:].max()),
             # sum of the enforced local limits against L, worst tick (sum C_i <= C?)
             "limit_sum_over_limit_max": float(trace.limit_sum_Bps[warm:].max() / GLOBAL_Bps),
+            # the promise over the measured part; a node passes at most its limit in a tick (no
+            # bucket beyond it) and drops the rest: D as the agent's policing founders would have it
+            "envelope": envelope(trace.delivered_Bps[warm:], interval, GLOBAL_Bps,
+                                 burst.budget(GLOBAL_Bps, churn.founders, "police"), warm * interval),
             **_conservation(sim),
             "series": {"t_s": t.tolist(), "aggregate_bps": (windows * 8).tolist(),
                        "members": members[warm + per - 1::per][:len(ratio)].tolist()}}
@@ -151,6 +157,7 @@ def run(opts: Options) -> dict:
                                  "to 20 s after the churn minute",
                        **{f"{r['allocator']}_within_5pct": r["within_5pct"] for r in rows},
                        **{f"{r['allocator']}_max_error": r["max_error"] for r in rows},
+                       **{f"{r['allocator']}_envelope_ratio": r["envelope"]["ratio"] for r in rows},
                        "gdrl_sum_of_limits_at_most_limit": all(r["limit_sum_over_limit_max"] <= 1.0
                                                                for r in rows if r["allocator"] == "gdrl"),
                        "gdrl_conserved_exactly_at_end": all(r["accountable_sum_final_parts"] == PARTS

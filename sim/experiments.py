@@ -24,6 +24,7 @@ _REGISTRY = {
     "dqmp-crash": "drl.sim.dqmp_runs",     # [Behl12] Fig. 10
     "dqmp-1000": "drl.sim.dqmp_runs",      # [Behl12] §5.2, 1,000 nodes
     "churn": "drl.sim.churn",              # joins and leaves at 1,000 limiters
+    "envelope": "drl.sim.envelope",        # G x T + D while 1,000 limiters go busy, idle, busy
 }
 
 

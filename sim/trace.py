@@ -4,6 +4,7 @@
     trace.delivered_Bps[-100:].mean()       # aggregate forwarded rate over the last 100 ticks
     trace.limits[k]                         # every node's local limit at tick k (NaN = down)
     jain(trace.published[k])                # e.g. [Stanojevic09]'s JFI(q(t))
+    envelope(trace.delivered_Bps, trace.interval_s, G, D)   # the worst window vs G x T + D
 
 Per-node series are float32 (T x N): 600 ticks of 10,000 nodes are 24 MB each.
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from drl.lab.fairness import jain  # noqa: F401  (sim.gdrl_graphs, sim.scale import it from here)
+from drl.lab.metrics import envelope as _envelope
 
 if TYPE_CHECKING:
     from .engine import Setup, Simulation
@@ -51,3 +53,15 @@ class Trace:
         self.limits[k, alive] = enforce.limit_Bps[alive]
         self.published[k, alive] = sim.publish[alive]
 
+
+
+def envelope(delivered_Bps, interval_s: float, global_Bps: float, budget_bytes: int, start_s: float = 0.0) -> dict:
+    """The worst window of >= 1 s of a delivered series (B/s per tick) against G x T + D, with
+    the keys of the lab's result.json (lab/results.py): ``ratio`` (<= 1: the promise held) at
+    ``at_s`` for ``window_s``, and the most carried beyond G x T, ``excess_bytes``; times are
+    ``start_s`` plus the offset into the series."""
+    e = _envelope([float(x) for x in delivered_Bps], interval_s, global_Bps, budget_bytes)
+    at = lambda t: None if t is None else round(t + start_s, 3)   # noqa: E731
+    return {"budget_bytes": budget_bytes, "ratio": e["ratio"], "at_s": at(e["ratio_at_s"]),
+            "window_s": e["ratio_window_s"], "excess_bytes": round(e["excess"]), "excess_at_s": at(e["at_s"]),
+            "excess_window_s": e["window_s"]}

@@ -29,7 +29,7 @@ def test_unknown_experiment_is_one_line_and_exit_1(tmp_path):
     out = CliRunner().invoke(main, ["run", "nope", "--out", str(tmp_path)])
     assert out.exit_code == 1
     assert out.output.strip().splitlines() == ["error: unknown experiment 'nope' (choose from scale, "
-                                               "gdrl-graphs, dqmp-crash, dqmp-1000, churn)"]
+                                               "gdrl-graphs, dqmp-crash, dqmp-1000, churn, envelope)"]
 
 
 def test_bad_output_directory_is_one_line(tmp_path):

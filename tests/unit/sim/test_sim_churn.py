@@ -32,6 +32,7 @@ def test_churn_at_40_limiters_stays_within_5_percent(tmp_path):
         assert (row["leaves"], row["joins_new"], row["rejoins"]) == (4, 2, 2)
         assert row["members_min"] < 40 and row["within_5pct"], row["aggregate_over_limit"]
         assert len(row["series"]["aggregate_bps"]) == len(row["series"]["members"]) == 80
+        assert row["envelope"]["ratio"] <= 1.0       # no window of >= 1 s beyond G x T + D
     assert result["claims"]["fps_within_5pct"] and result["claims"]["gdrl_within_5pct"]
     gdrl = rows["gdrl"]     # sum C_i <= C at every tick, and exactly C (with what is in flight) at the end
     assert gdrl["limit_sum_over_limit_max"] <= 1.0 and gdrl["accountable_sum_final_parts"] == PARTS

@@ -1,0 +1,41 @@
+"""``drl-sim run envelope`` at 1,000 limiters (about a minute; the fast cases at 30 are in
+tests/unit/sim/test_sim_envelope.py): the envelope of every phase, and whether the promise
+G x T + D holds while a third of the limiters go busy, idle and busy again."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from drl.agent import burst
+from drl.cli.sim import main
+from drl.sim import envelope as env
+
+
+
+@pytest.fixture(scope="module")
+def thousand(tmp_path_factory):
+    """The 1,000-limiter run (about a minute): a third busy, a third busy-idle-busy, a third idle."""
+    out = tmp_path_factory.mktemp("envelope1000")
+    res = CliRunner().invoke(main, ["run", "envelope", "--limiters", "1000", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads((out / "result.json").read_text())["rows"]
+    return row
+
+
+@pytest.mark.slow
+def test_1000_limiters_report_the_envelope_of_every_phase(thousand):
+    phases = thousand["envelopes"]
+    assert (thousand["busy"], thousand["busy_idle_busy"], thousand["idle"]) == (333, 334, 333)
+    assert thousand["envelope"]["budget_bytes"] == burst.budget(env.GLOBAL_Bps, 1000, "police")
+    assert all(p["ratio"] is not None and p["ratio"] <= phases["whole"]["ratio"] + 1e-9 for p in phases.values())
+    assert phases["idle"]["ratio"] <= 1.0          # two thirds silent: nothing to exceed with
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="FPS breaks the promise at 1,000 limiters (seed 1): start-up 1.75 (2.04 G in "
+                                       "the 3rd second), restart after 20 s idle 1.39 (1.5 G, 7.7 GB beyond G x T "
+                                       "in 20 s against D = 375 MB); docs/sim.md 'envelope'")
+def test_1000_limiters_keep_the_envelope(thousand):
+    assert thousand["envelope"]["ratio"] <= 1.0
