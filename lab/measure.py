@@ -4,6 +4,9 @@
     rate = tcp_rate_at_sink(sender, sink, seconds=8, streams=4, settle_s=3, measure_s=4)   # while iperf3 sends
     run = three_to_seven(lab, a1, a2, sink, poll_s=1.0)
     run.share, jain(run.stream_bytes)
+    with RxMeter(sink) as meter:                # the sink's rx bytes every 100 ms, on a thread
+        ...
+    series = meter.series(t0, t1)               # bytes/s per 100-ms bin of [t0, t1)
 
 Rates are counted at the sink's interface (L2 bytes, what the limiter
 counts), so a +-10 % range has room for header accounting but not for a
@@ -12,10 +15,14 @@ lab/collector.py's SinkMeter on a fixed 100-ms grid.)
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
+from pyroute2 import NetNS
+
 from .agents import Agent
+from .collector import DT, spread
 from .netns import Host, Lab
 from .traffic import iperf3_server, iperf3_start
 
@@ -41,6 +48,43 @@ def tcp_rate_at_sink(sender: Host, sink: Host, *, seconds: float, streams: int, 
         rate = sink_rate_bps(sink, measure_s)
         client.wait()
     return rate
+
+
+class RxMeter:
+    """The received bytes of host's eth0 every DT (100 ms) on a thread of its own, read over
+    netlink (lab/collector.py's way: a process spawned per read would blur the 100-ms bins)."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.samples: list[tuple[float, int]] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "RxMeter":
+        self.nl = NetNS(self.host.ns)
+        self.index = self.nl.link_lookup(ifname="eth0")[0]
+        self._sample()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.thread.join()
+        self.nl.close()
+
+    def _sample(self) -> None:
+        link = self.nl.get_links(self.index)[0]
+        self.samples.append((time.monotonic(), link.get_attr("IFLA_STATS64")["rx_bytes"]))
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(DT):
+            self._sample()
+
+    def series(self, start: float, end: float) -> list[float]:
+        """Bytes/s per DT bin of [start, end) (time.monotonic()), counter differences spread by overlap."""
+        pieces = [(t0 - start, t1 - start, b1 - b0) for (t0, b0), (t1, b1) in zip(self.samples, self.samples[1:])
+                  if t1 > start and t0 < end]
+        return spread(pieces, int((end - start) / DT))
 
 
 def tc_show(host: Host, what: str) -> str:
