@@ -247,6 +247,22 @@ class Faults:
                 return
         rec["error"] = f"the agent did not report its filter on {rec['iface']} (index {rec['ifindex']})"
 
+    def _until_ready(self, agent: Agent) -> bool:
+        """Wait until the agent answers ``status`` (True), or the run ends (False): the threads
+        that wait are joined at the end of the run, which must not wait for a slow start."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self.stopping.is_set():
+            if agent.proc.poll() is not None:
+                raise LabError(agent.exit_note() or f"the agent on {agent.host} was killed")
+            try:
+                agent.status()
+                return True
+            except ControlError:
+                if time.monotonic() > deadline:
+                    raise LabError(f"the agent on {agent.host} did not answer within {READY_TIMEOUT_S:g} s") from None
+                self.stopping.wait(0.2)
+        return False
+
     def _rejected(self, agent: Agent) -> dict[str, int]:
         return dict(agent.status()["gossip"]["rejected_by_reason"])
 
@@ -254,7 +270,9 @@ class Faults:
         """Once the agent answers: send what was captured before its life began, then count what
         it rejected."""
         try:
-            agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+            if not self._until_ready(agent):
+                rec["error"] = "the run ended before the agent answered"
+                return
             born = self.born.get(agent.host)
             now = time.monotonic() - self.t0
             packets = self.captures[agent.host].before(now if born is None else born, fault.count)
@@ -291,7 +309,11 @@ class Faults:
             rec["kills"] += 1
             rec["pids"].append(self._respawn(agent).pid)
             k += 1
-        self._when_ready(agent, agent.proc, rec)
+        try:
+            if self._until_ready(agent):
+                rec["ready_at_s"] = round(time.monotonic() - self.t0, 3)
+        except LabError as e:
+            rec["error"] = str(e)
 
     def _control(self, fault: Fault, rec: dict) -> None:
         if not self.plan.ctl:
