@@ -3,6 +3,7 @@ per-tick check of our filter's program id) and agent/kernel/shaper.py (bfifo, ht
 a dumped qdisc re-added as it was) need where pyroute2 is too slow or cannot."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -63,3 +64,34 @@ def replies(sock: socket.socket, seq: int):
                     raise OSError(code, f"netlink: {os.strerror(code)}")
                 return
             yield kind, body
+
+
+RTMGRP_LINK = 0x1     # rtnetlink's multicast group of link events (RTM_NEWLINK, RTM_DELLINK)
+
+
+def link_events() -> socket.socket:
+    """A non-blocking socket of this namespace's link events: readable when an interface is
+    made, changed or deleted (the agent's loop then checks its filter at once, not at the next
+    tick: an interface made again passes everything until our filter is on it)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, socket.NETLINK_ROUTE)
+    try:
+        sock.bind((0, RTMGRP_LINK))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def drain(sock: socket.socket) -> int:
+    """Read every pending event; how many reads returned one.  An overrun (ENOBUFS: events were
+    lost) counts as one: something changed."""
+    n = 0
+    while True:
+        try:
+            sock.recv(65536)
+        except BlockingIOError:
+            return n
+        except OSError as e:
+            if e.errno != errno.ENOBUFS:
+                raise
+        n += 1

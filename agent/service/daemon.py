@@ -54,6 +54,7 @@ from drl.agent.gossip.interface import TransportPort
 from drl.agent.gossip.membership import Membership
 from drl.agent.gossip.transport import Standalone, TransportError, UdpTransport
 from drl.agent.gossip.wire import Batch, ClientReports
+from drl.agent.kernel import rtnetlink
 from drl.agent.kernel.datapath import Counters, Datapath, DatapathError, now_ns
 from drl.agent.kernel.interface import DatapathPort
 from drl.agent.kernel.shaper import Shaper
@@ -318,7 +319,23 @@ class Agent:
         if self.transport.sock is not None:
             sel.register(self.transport.sock, selectors.EVENT_READ, self.receive)
         sel.register(self.control, selectors.EVENT_READ, self._serve_control)
+        try:
+            links = rtnetlink.link_events()
+        except OSError as e:     # then the tick's check alone finds an interface made again
+            log.warning("link_events_unavailable", error=e.strerror)
+        else:
+            self._stack.callback(links.close)
+            sel.register(links, selectors.EVENT_READ, lambda: self._link_changed(links))
         return sel, watch_signals(sel, self._stack, stop=self._stop, reload=self._reload_notified)
+
+    def _link_changed(self, links: socket.socket) -> None:
+        """An interface was made, changed or deleted: is our filter (and HTB root) still there?
+        An interface deleted and made again under our name is attached to within milliseconds
+        of its making, before whoever makes it has added its addresses and routes, instead of
+        at the next tick, up to an interval during which it passes everything unpoliced."""
+        if rtnetlink.drain(links):
+            self.dp.ensure_attached()
+            self.shaper.ensure_attached()
 
     def _stop(self) -> None:
         self.stopping = True
