@@ -47,6 +47,8 @@ def test_fps_baseline_3_to_7_with_bbr_at_40ms_in_the_default_mode(tmp_path):
     """BBR, Linux's default congestion control on many hosts, as shipped: the default shapes
     (a policer on BBR's own host gave l1 0.53 of the limit, Jain over flows 0.27)."""
     doc = run(tmp_path, "bbr")
+    print(f"measured: utilization {doc['utilization']:.3f}, l1 share {l1_share(doc):.3f}, "
+          f"Jain {doc['jain_index']:.3f}, worst 1-s window {doc['max_window_ratio']:.3f} of G")
     assert 0.95 <= doc["utilization"] <= 1.05, doc["utilization"]
     assert 0.25 <= l1_share(doc) <= 0.35, l1_share(doc)
     assert doc["jain_index"] >= 0.9, doc["jain_index"]
