@@ -192,6 +192,21 @@ class Cluster:
         """An agent on each of ``hosts``, every other one its peer."""
         return [self.start(h, [p for p in hosts if p is not h], allocator, global_, *extra) for h in hosts]
 
+    def start_together(self, hosts: Sequence[Host], allocator: str | None = "fps", global_: str | None = "10mbit",
+                       *extra: str) -> list[Agent]:
+        """An agent on each of ``hosts`` with no peers given (they find each other by ``extra``'s
+        --registry), all started before any is waited for: a fleet's BPF compiles overlap."""
+        agents = []
+        for host in hosts:
+            log, argv = self.dir / f"{host.name}.log", self.argv(host, (), allocator, global_, *extra)
+            agents.append(Agent(host.name, str(self.dir / f"{host.name}.sock"), host.popen(*argv, log=log), log,
+                                argv=argv))
+        # one deadline for all: they compile side by side, so each takes about as long as all of them
+        deadline = time.monotonic() + READY_TIMEOUT_S * max(1.0, len(hosts) / 8)
+        for agent in agents:
+            agent.wait_ready(deadline)
+        return agents
+
 
 class StatusPoller:
     """Samples every agent's status JSON every ``period_s`` on its own thread (a status reply

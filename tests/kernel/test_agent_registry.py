@@ -7,18 +7,20 @@ measured at the sink's eth0 (L2 bytes, what the limiter counts).
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import time
 
 import pytest
 
+from drl.agent.burst import budget
 from drl.agent.service.control import ControlError, request
 from drl.cli.ctl import render_set
-from drl.lab.agents import installed
+from drl.lab.agents import StatusPoller, installed
 from drl.lab.etcd import Etcd
-from drl.lab.measure import sink_rate_bps
-from drl.lab.metrics import within
+from drl.lab.measure import RxMeter, sink_rate_bps
+from drl.lab.metrics import envelope, mean, rebin, within
 from drl.lab.traffic import iperf3_server, iperf3_start
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -27,16 +29,29 @@ LIMIT = 12e6
 
 
 @pytest.fixture
-def fleet(make_star, cluster):
-    """(lab, etcd on the sink, start(host, *extra) -> agent with only --registry)."""
-    lab = make_star(5)
-    sink = lab.hosts[4]
-    with Etcd(host=sink) as etcd:
-        agents = cluster(lab)
+def make_fleet(make_star, cluster):
+    """Factory: n_hosts -> (lab, etcd on the sink (the last host), start(host, *extra) -> agent
+    with only --registry, start_together(hosts, *extra) -> such agents started side by side)."""
+    with contextlib.ExitStack() as running:
+        def make(n_hosts: int):
+            lab = make_star(n_hosts)
+            etcd = running.enter_context(Etcd(host=lab.hosts[-1]))
+            agents = cluster(lab)
+            registry = ("--registry", etcd.url, "--cluster", "t")
 
-        def start(host, *extra, allocator="fps", global_="12mbit"):
-            return agents.start(host, (), allocator, global_, "--registry", etcd.url, "--cluster", "t", *extra)
-        yield lab, etcd, start
+            def start(host, *extra, allocator="fps", global_="12mbit"):
+                return agents.start(host, (), allocator, global_, *registry, *extra)
+
+            def start_together(hosts, *extra, allocator="fps", global_="12mbit"):
+                return agents.start_together(hosts, allocator, global_, *registry, *extra)
+            return lab, etcd, start, start_together
+        yield make
+
+
+@pytest.fixture
+def fleet(make_fleet):
+    """(lab, etcd on the sink, start(host, *extra) -> agent with only --registry); 4 agent hosts."""
+    return make_fleet(5)[:3]
 
 
 def members(st) -> int:
@@ -60,7 +75,7 @@ def wait_members(agents, n: int, timeout_s: float) -> float:
 
 def senders(lab, hosts, seconds: int) -> list:
     """Two TCP flows from each host to its own iperf3 server on the sink (the Lab stops the servers)."""
-    return [iperf3_start(h, iperf3_server(lab.hosts[4]), seconds=seconds, streams=2) for h in hosts]
+    return [iperf3_start(h, iperf3_server(lab.hosts[-1]), seconds=seconds, streams=2) for h in hosts]
 
 
 def test_agents_find_each_other_join_and_leave_through_etcd(fleet):
@@ -188,3 +203,53 @@ def test_gdrl_class_from_etcd_rejoins_under_its_id_and_the_sum_stays_at_the_limi
     print(f"measured: sum of capacities {min(sums) / 1e6:.2f}-{max(sums) / 1e6:.2f} Mbit/s over {len(sums)} samples")
     for c in clients:
         c.wait()
+
+
+class OverTheEnvelope(AssertionError):
+    """A window of 1 s or more above G x T + D."""
+
+
+# FPS evaluates line 10 on the weights each agent has heard (fps.py), which sum to 1 only when
+# the views agree.  Gossip reaches 3 of 15 peers a round (--branching): while the 8 senders'
+# weights grow from 0 after the idle split, each hears the others' up to ~5 rounds late, so the
+# local limits summed to up to 1.64 G at 1 s, depending on which peers the rounds picked (1.51
+# and 1.09 G in two other runs).  Over the envelope in 2 runs of 4 (1.018, 1.023 of G x T + D over
+# 1.4-1.9 s; the others 0.993, 0.964), hence not strict.  With --branching 15 (every peer each round) the sum stayed within
+# 1.01 G and the envelope within 0.95.
+@pytest.mark.xfail(raises=OverTheEnvelope, strict=False,
+                   reason="FPS over partial gossip overshoots while 16 agents' weights grow")
+def test_sixteen_agents_from_etcd_eight_sending_hold_the_envelope_and_use_the_limit(make_fleet):
+    """16 agents that know each other only through etcd, 8 of them sending two TCP flows each and
+    8 idle, FPS in the default mode (shape): the senders get the limit the idle ones do not use,
+    and every window of 1 s or more stays within G x T + D (agent/burst.py)."""
+    lab, _, _, start_together = make_fleet(17)
+    hosts, sink = lab.hosts[:16], lab.hosts[16]
+    t0 = time.monotonic()
+    agents = start_together(hosts, global_="40mbit")
+    started = time.monotonic() - t0
+    joined = wait_members(agents, 16, timeout_s=20)
+    limit_Bps, d = 40e6 / 8, budget(40e6 / 8, 16, "shape")
+    with RxMeter(sink) as meter:
+        start = time.monotonic()
+        with StatusPoller(agents, start, period_s=0.5):
+            for c in senders(lab, hosts[:8], seconds=20):
+                c.wait()
+        end = time.monotonic()
+    series = meter.series(start, end)
+    env = envelope(series, 0.1, limit_Bps, d)
+    used = mean(series[30:190]) / limit_Bps           # from 3 s in: FPS has moved the idle hosts' shares
+    worst = max(sum(series[k:k + 10]) * 0.1 for k in range(len(series) - 9))   # worst 1-s window, bytes
+    seconds = [round(x / limit_Bps, 3) for x in rebin(series, 10)]
+    # the local limits' sum every 0.5 s (each agent's latest status by then): over G, the hosts may pass more
+    sums = [(k * 0.5, sum(next((s["local_limit_bps"] for t, s in reversed(a.samples) if t <= k * 0.5), 0.0)
+                          for a in agents) / 40e6) for k in range(1, 2 * round(end - start))]
+    top = max(sums, key=lambda ts: ts[1])
+    print(f"measured: 16 agents answered after {started:.1f} s, all saw 16 members {joined:.1f} s later; "
+          f"worst 1-s window {worst / (limit_Bps + d):.3f} of G x 1 s + D ({worst / limit_Bps:.3f} of G); "
+          f"envelope ratio {env['ratio']:.3f} at {env['ratio_at_s']} s over {env['ratio_window_s']} s; "
+          f"mean from 3 s {used:.3f} of G; 1-s windows {seconds}; sum of local limits at most {top[1]:.3f} of G "
+          f"(at {top[0]} s), {[round(x, 2) for _, x in sums[:8]]} in the first 4 s")
+    # measured 0.960-0.963 (4 runs)
+    assert 0.95 <= used <= 1.0, used
+    if env["ratio"] > 1.0:
+        raise OverTheEnvelope(f"{env['ratio']:.3f} of G x T + D over {env['ratio_window_s']} s at {env['ratio_at_s']} s")
