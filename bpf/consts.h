@@ -25,6 +25,10 @@
 #define VERDICT_PASS 1
 #define VERDICT_WOULD_DROP 2
 
+/* How stale a shaped class's empty policer may get before a packet marks it
+ * empty again (police.h shape): at most 1 ms of credit, one write a ms. */
+#define SHAPE_EMPTY_NS 1000000
+
 /* The client rule's verdict on a packet (clients.h clients). */
 #define CLIENT_PASSED 0
 #define CLIENT_THROTTLED 1

@@ -232,13 +232,22 @@ static __always_inline __u64 police(__u32 class_id, __u64 len, __u64 now)
  * egress hook runs in __dev_queue_xmit before the root qdisc's enqueue, so HTB sees it.
  * A stale config (the agent silent past timeout_ns) is policed again at the fail-safe
  * rate (policy_of): the HTB class would hold the dead agent's last rate for good.
+ * While shaped, the class's own bucket is kept empty (tat = now): when the config goes
+ * stale, the fail-safe policer starts from nothing beside what the HTB leaf still holds,
+ * not from a full bucket on top of that backlog (a killed shaped host sent 470-500 kB
+ * beyond G x T with the two together: docs/lab.md "drl-lab run envelope").  tat is
+ * written once in SHAPE_EMPTY_NS at most, so shaped packets rarely write its line.
  * 1 = shaped. */
 static __always_inline int shape(struct __sk_buff *skb, __u32 class_id, __u64 now)
 {
 	struct class_config *c = config.lookup(&class_id);
+	struct bucket *b;
 
 	if (!c || !c->shape_prio || stale(c, now))
 		return 0;
+	b = buckets.lookup(&class_id);
+	if (b && (__s64)(now - b->gcra.tat) > SHAPE_EMPTY_NS)
+		b->gcra.tat = now;
 	skb->priority = c->shape_prio;
 	return 1;
 }

@@ -74,9 +74,9 @@ def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(net4, cl
     h1, h2, h3, sink = net4.hosts
     limiters = (h1, h2, h3)
     agents_on = cluster(net4)
-    # policed, as measured since the start: shaped (the default for this catch-all class) the
-    # worst windows after kill and stop were 1.06 and 1.08 (README "Known limits")
-    agents = {a.host: a for a in agents_on.start_mesh(limiters, "fps", "30mbit", "--enforce", "police")}
+    # shaped, the default for this catch-all class: the fail-safe's bucket is its share of the
+    # burst budget and starts empty beside what HTB holds (bpf/police.h shape)
+    agents = {a.host: a for a in agents_on.start_mesh(limiters, "fps", "30mbit")}
     servers = [iperf3_server(sink) for _ in limiters]
     try:
         clients = [iperf3_start(h, srv, seconds=60, streams=n) for h, srv, n in zip(limiters, servers, (1, 3, 6))]
@@ -84,7 +84,7 @@ def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(net4, cl
             time.sleep(8)
             agents["h3"].kill(signal.SIGKILL)                  # the most flows, the largest share
             killed = check(meter, time.monotonic(), "kill")
-            agents["h3"] = agents_on.start(h3, [h1, h2], "fps", "30mbit", "--enforce", "police")
+            agents["h3"] = agents_on.start(h3, [h1, h2], "fps", "30mbit")
             restarted = check(meter, time.monotonic(), "restart")
             stopped_at = time.monotonic()
             agents["h2"].proc.send_signal(signal.SIGSTOP)

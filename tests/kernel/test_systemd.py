@@ -165,10 +165,9 @@ def config(limit_bps: float, iface: str | None) -> str:
     """One class, alone (no peers: its limit is the global one), its bucket BURST_S deep, its
     fail-safe rate SAFE of the limit."""
     agent = f'iface = "{iface}"\n' if iface else ""      # the instance unit passes --iface %I
-    # policed: shaped (the default for this catch-all class) the worst 1-s window after the
-    # restarts was 1.24x the limit (README "Known limits")
+    # the catch-all class is shaped, the default: its fail-safe bucket is burst= deep too
     return f'[agent]\n{agent}node_id = "ct"\ninterval = "100ms"\n\n' \
-           f'[[class]]\nname = "default"\nglobal = "{limit_bps / 1e6:g}mbit"\nenforce = "police"\n' \
+           f'[[class]]\nname = "default"\nglobal = "{limit_bps / 1e6:g}mbit"\n' \
            f'burst = "{int(limit_bps / 8 * BURST_S)}"\nsafe_rate = "{limit_bps * SAFE / 1e6:g}mbit"\n'
 
 
