@@ -29,8 +29,8 @@ class (police-only agents never touch the root qdisc)::
 
 Pure parts (tested in tests/unit/kernel/test_shaper.py): :func:`handle`,
 :func:`leaf_handle`, :func:`shape_rate` (the slow-start floor police mode
-has), :func:`needs_update` (a rate or burst is rewritten only when it moves by
-more than :data:`RATE_STEP`), :func:`queue_limit`.
+has), :func:`needs_update` (a rate or burst is rewritten when it falls by more than
+:data:`DOWN_STEP` or rises by more than :data:`RATE_STEP`), :func:`queue_limit`.
 
 Restoring: the root qdisc found on attach is remembered (kind, handle and its
 options as the kernel dumped them) and written to ``state_dir/shape-IFACE.json``.
@@ -70,7 +70,11 @@ HTB_MAJOR = 0xD1D1               # our HTB's handle d1d1: ("drl", like the gossi
 DEFAULT_MINOR = 0xFFFF           # d1d1:ffff, the class of unlimited traffic
 MAX_SHAPED_ID = 0x7FFE           # leaf majors id+1 stay in 1..0x7fff, below the kernel's automatic handles
 UNLIMITED_Bps = 100e9 / 8        # the default class: far above what a host sends (or the link's speed, if more)
-RATE_STEP = 0.01                 # rewrite an HTB rate only when the limit moved by more than 1 %
+# Rewrite an HTB rate when the limit rose by more than 1 % (each write is ~1 ms of netlink),
+# but when it fell by more than 0.1 %: a host left up to 1 % above its limit, on every host at
+# once, spends a shaped class's burst budget (50 ms of G) in 5 s (docs/agent.md "The promise")
+RATE_STEP = 0.01
+DOWN_STEP = 0.001
 # leaf bfifo limit: 50 ms at the rate on top of the burst, the queue of `tbf ... latency 50ms`
 QUEUE_TIME_S = 0.050
 # HTB's DRR quantum, given so the kernel does not derive it from rate/r2q (and warn when
@@ -104,8 +108,10 @@ def shape_rate(limit_Bps: float) -> int:
 
 
 def needs_update(current_Bps: float | None, wanted_Bps: float) -> bool:
-    """Rewrite the HTB class: it has no rate yet, or the wanted one differs by more than RATE_STEP."""
-    return current_Bps is None or abs(wanted_Bps - current_Bps) > RATE_STEP * current_Bps
+    """Rewrite the HTB class: it has no rate yet, or the wanted one is more than DOWN_STEP
+    below it or more than RATE_STEP above it (never left above a limit, seldom rewritten)."""
+    return (current_Bps is None or wanted_Bps > current_Bps * (1 + RATE_STEP)
+            or wanted_Bps < current_Bps * (1 - DOWN_STEP))
 
 
 def queue_limit(rate_Bps: float, burst_bytes: int) -> int:

@@ -41,11 +41,11 @@ def test_rate_never_goes_below_police_modes_slow_start_floor():
     assert shape_rate(1.25e6) == 1_250_000
 
 
-def test_a_rate_is_rewritten_only_when_it_moves_by_more_than_one_percent():
+def test_a_rate_is_rewritten_when_it_falls_by_a_tenth_of_a_percent_or_rises_by_one():
     assert needs_update(None, 1_000_000)                      # no HTB class yet
     assert not needs_update(1_000_000, 1_000_000)
-    assert not needs_update(1_000_000, 1_010_000) and not needs_update(1_000_000, 990_000)
-    assert needs_update(1_000_000, 1_010_001) and needs_update(1_000_000, 989_999)
+    assert not needs_update(1_000_000, 1_010_000) and not needs_update(1_000_000, 999_000)
+    assert needs_update(1_000_000, 1_010_001) and needs_update(1_000_000, 998_999)
     assert needs_update(SLOW_START_Bps, 1_000_000)
 
 
@@ -176,14 +176,17 @@ class RecordingShaper(Shaper):
         self._rates.clear()
 
 
-def test_the_shaper_writes_a_class_once_then_only_on_a_change_above_one_percent():
+def test_the_shaper_writes_a_class_once_then_on_any_fall_and_a_rise_above_one_percent():
     sh = RecordingShaper()
     assert sh.set_rate(3, 1_000_000) == handle(3)
-    assert sh.set_rate(3, 1_009_000) == handle(3) and sh.set_rate(3, 995_000) == handle(3)
+    assert sh.set_rate(3, 1_009_000) == handle(3) and sh.set_rate(3, 999_500) == handle(3)
+    sh.set_rate(3, 995_000)                 # below the limit written: the host would pass more than its limit
+    sh.set_rate(3, 1_004_000)               # above, by less than 1 %: the host passes a little less
     sh.set_rate(3, 1_020_000)
     sh.set_rate(3, 0)
-    assert sh.writes == [(3, 1_000_000, "write"), (3, 1_020_000, "write"), (3, SLOW_START_Bps, "write")]
-    assert sh.rates == {3: SLOW_START_Bps} and sh.bursts == [SHAPE_FLOOR] * 3
+    assert sh.writes == [(3, 1_000_000, "write"), (3, 995_000, "write"), (3, 1_020_000, "write"),
+                         (3, SLOW_START_Bps, "write")]
+    assert sh.rates == {3: SLOW_START_Bps} and sh.bursts == [SHAPE_FLOOR] * 4
     sh.discard(3)
     assert sh.writes[-1] == (3, 0, "del-class")
     assert sh.rates == {} and sh._previous is None        # the last class takes the tree with it
