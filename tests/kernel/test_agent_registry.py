@@ -211,10 +211,11 @@ class OverTheEnvelope(AssertionError):
 
 # FPS evaluates line 10 on the weights each agent has heard (fps.py), which sum to 1 only when
 # the views agree.  Gossip reaches 3 of 15 peers a round (--branching): while the 8 senders'
-# weights grow from 0 after the idle split, each hears the others' up to ~5 rounds late, so the
-# local limits summed to up to 1.64 G at 1 s, depending on which peers the rounds picked (1.51
-# and 1.09 G in two other runs).  Over the envelope in 2 runs of 4 (1.018, 1.023 of G x T + D over
-# 1.4-1.9 s; the others 0.993, 0.964), hence not strict.  With --branching 15 (every peer each round) the sum stayed within
+# weights grow from 0 after the idle split, each hears the others' rounds late.  In one run, at
+# 1 s, h1 held weight 0.10 against remote weights of 0.016 heard (1.48 published) and took 35.5
+# of 40 Mbit/s; the local limits summed to 3.12 G (1.64, 1.51, 1.09 G in other runs).  Over the
+# envelope in 3 runs of 5 (1.018, 1.023, 1.082 of G x T + D over 1.4-1.9 s; the others 0.993,
+# 0.964), hence not strict.  With --branching 15 (every peer each round) the sum stayed within
 # 1.01 G and the envelope within 0.95.
 @pytest.mark.xfail(raises=OverTheEnvelope, strict=False,
                    reason="FPS over partial gossip overshoots while 16 agents' weights grow")
@@ -249,7 +250,7 @@ def test_sixteen_agents_from_etcd_eight_sending_hold_the_envelope_and_use_the_li
           f"envelope ratio {env['ratio']:.3f} at {env['ratio_at_s']} s over {env['ratio_window_s']} s; "
           f"mean from 3 s {used:.3f} of G; 1-s windows {seconds}; sum of local limits at most {top[1]:.3f} of G "
           f"(at {top[0]} s), {[round(x, 2) for _, x in sums[:8]]} in the first 4 s")
-    # measured 0.960-0.963 (4 runs)
+    # measured 0.960-0.963 (5 runs)
     assert 0.95 <= used <= 1.0, used
     if env["ratio"] > 1.0:
         raise OverTheEnvelope(f"{env['ratio']:.3f} of G x T + D over {env['ratio_window_s']} s at {env['ratio_at_s']} s")
