@@ -451,7 +451,7 @@ def part_outside(net, srv, seconds: float, rounds: int = 4) -> dict:
     for what in ("rate_ratios", "cpu_ratios"):
         say(f"outside {what} (over no agent's; goal >= 0.95): " +
             "  ".join(f"{how} {ratio:.3f}" for how, ratio in out[what].items()))
-    say(f"outside: sender ns a packet, medians: " + "  ".join(f"{how} {v:.0f}" for how, v in ns.items()))
+    say("outside: sender ns a packet, medians: " + "  ".join(f"{how} {v:.0f}" for how, v in ns.items()))
     return out
 
 

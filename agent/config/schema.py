@@ -255,8 +255,9 @@ FIELDS: tuple[Field, ...] = (
     Field("key_file", "--key-file", FILE, "Cluster key (HMAC-SHA256) shared by all agents."),
     Field("insecure", "--insecure", FLAG, "Run without a cluster key: gossip is not authenticated."),
     Field("interval_s", "--interval", INTERVAL, "Estimate interval.", default="100ms", show_default=True),
-    Field("branching", "--branching", IntRange(lo=1), default=3, show_default=True,
-          help="Gossip branching factor: peers updated per interval (>= peers = full mesh)."),
+    Field("branching", "--branching", IntRange(lo=1), default=16, show_default=True,
+          help="Gossip branching factor: peers updated per interval (>= peers = full mesh: every peer "
+               "each interval up to 17 hosts; FPS's limits sum to G only on weights heard this recently)."),
     Field("peer_timeout_s", "--peer-timeout", DURATION,
           "Silence after which a peer is stale [default: 3 gossip rounds = 3 x interval x ceil(peers/branching)]."),
     Field("burst_bytes", "--burst", SIZE, scope=CLASS,

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.mark.parametrize("name", sorted(builtin()))
 def test_shipped_json_is_what_the_lab_parser_produces(name):
     shipped = (TOPOLOGIES / f"{name}.json").read_text()
-    assert shipped == dumps(export(resolve(name))), f"stale: run `python -m drl.lab.vagrant --write-all`"
+    assert shipped == dumps(export(resolve(name))), "stale: run `python -m drl.lab.vagrant --write-all`"
 
 
 @pytest.mark.skipif(not shutil.which("ruby"), reason="needs ruby to run vagrant/topology.rb")
