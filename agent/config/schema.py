@@ -265,7 +265,7 @@ FIELDS: tuple[Field, ...] = (
                "of its rate, within its share of --burst-budget]."),
     Field("burst_budget", "--burst-budget", SIZE, scope=CLASS,
           help="Bytes all hosts together may pass beyond the global rate in any window (the cluster's bucket depth D) "
-               "[default: 300 ms (police) or 50 ms (shape) of the global rate, at least 128 KiB (police) or 66 KiB "
+               "[default: 300 ms (police) or 100 ms (shape) of the global rate, at least 128 KiB (police) or 66 KiB "
                "(shape) per host]."),
     Field("class_specs", "--class", TEXT, scope=CLASS_ONLY, key="match", multiple=True, metavar="SPEC",
           help="Which egress traffic is limited (repeatable; a packet matching any SPEC is limited): "

@@ -72,7 +72,7 @@ MAX_SHAPED_ID = 0x7FFE           # leaf majors id+1 stay in 1..0x7fff, below the
 UNLIMITED_Bps = 100e9 / 8        # the default class: far above what a host sends (or the link's speed, if more)
 # Rewrite an HTB rate when the limit rose by more than 1 % (each write is ~1 ms of netlink),
 # but when it fell by more than 0.1 %: a host left up to 1 % above its limit, on every host at
-# once, spends a shaped class's burst budget (50 ms of G) in 5 s (docs/agent.md "The promise")
+# once, spends a shaped class's burst budget (100 ms of G) in 10 s (docs/agent.md "The promise")
 RATE_STEP = 0.01
 DOWN_STEP = 0.001
 # leaf bfifo limit: 50 ms at the rate on top of the burst, the queue of `tbf ... latency 50ms`

@@ -6,10 +6,10 @@ from drl.agent.burst import POLICE_FLOOR, SHAPE_FLOOR, budget, host_depth, mode_
 MODES = st.sampled_from(["police", "shape"])
 
 
-def test_default_budgets_are_300ms_policed_and_50ms_shaped_but_at_least_a_floor_per_host():
+def test_default_budgets_are_300ms_policed_and_100ms_shaped_but_at_least_a_floor_per_host():
     assert budget(125e6, 3, "police") == 37_500_000                    # 1 Gbit/s: 300 ms
-    assert budget(125e6, 3, "shape") == 6_250_000                      # 50 ms
-    assert budget(1.25e6, 3, "shape") == 3 * SHAPE_FLOOR               # 10 Mbit/s: 62.5 kB < 3 floors
+    assert budget(125e6, 3, "shape") == 12_500_000                     # 100 ms
+    assert budget(1.25e6, 3, "shape") == 3 * SHAPE_FLOOR               # 10 Mbit/s: 125 kB < 3 floors
     assert budget(1.25e6, 3, "police") == 3 * POLICE_FLOOR
     assert budget(125e6, 3, "shape", configured=1_000_000) == 1_000_000
     assert budget(125e6, 30, "shape", configured=1_000_000) == 30 * SHAPE_FLOOR   # raised to N floors

@@ -42,10 +42,10 @@ G = 30e6 / 8
 
 def test_the_budget_is_the_agents_for_the_mode_the_hosts_and_the_option():
     exp = loads(BASE, "e.toml")
-    # no enforce: a class matching all traffic is shaped; 50 ms of G (187,500) < 3 floors
+    # no enforce: a class matching all traffic is shaped; 100 ms of G (375,000) > 3 floors
     assert enforce_mode(exp, "fps") == "shape"
-    assert budget_bytes(exp, "fps") == burst.budget(G, 3, "shape") == 3 * burst.SHAPE_FLOOR
-    assert budget_bytes(exp, "ctb") == round(0.05 * G)         # one agent: the 50 ms rule wins
+    assert budget_bytes(exp, "fps") == burst.budget(G, 3, "shape") == round(0.1 * G)
+    assert budget_bytes(exp, "ctb") == round(0.1 * G)          # one agent: the 100 ms rule
     assert enforce_mode(exp, "grd") == "police"                 # random drop only polices
     police = loads(BASE + '[agent]\nenforce = "police"\n', "e.toml")
     assert budget_bytes(police, "fps") == round(0.3 * G)
@@ -53,7 +53,7 @@ def test_the_budget_is_the_agents_for_the_mode_the_hosts_and_the_option():
     assert budget_bytes(given, "fps") == 1_000_000
     per_allocator = loads(BASE + '[params.fps]\nenforce = "police"\nburst_budget = 100000\n', "e.toml")
     assert budget_bytes(per_allocator, "fps") == 3 * burst.POLICE_FLOOR     # raised to a floor per host
-    assert budget_bytes(per_allocator, "ctb") == round(0.05 * G)
+    assert budget_bytes(per_allocator, "ctb") == round(0.1 * G)
 
 
 def test_max_envelope_ratio_bounds_the_run_and_every_fault():
