@@ -66,7 +66,7 @@ from drl.agent.model import Decision, Envelope, Mode, PeerView, Snapshot, Step
 from .common import check_range
 from .graph import Graph, bfs_levels
 from .transfer import (Ledger, follow_members, has_failed, is_alive, ledger_from_dict, ledger_to_dict, link_info,
-                       receive, report, retransmit, send, settle_failed)
+                       note_lives, receive, report, retransmit, send, settle_failed)
 
 _REPORT_EVERY = 5   # rounds between repeats of an unchanged cumulative report (covers lost ones)
 
@@ -142,6 +142,8 @@ class Dqmp:
         st, reports = self._report_up(st, snap, uplink)
         st, transfers, sent_to = self._balance(st, snap)
         out = acks + reports + transfers + retransmit(st.ledger, sent_to, snap.view)
+        # links opened this tick get their peer's life, so its restart next tick is seen
+        st = dataclasses.replace(st, ledger=note_lives(st.ledger, snap.view))
         allowance = max(0, st.granted_total - snap.local.sent_total_bytes)
         decision = Decision(mode=Mode.BUCKET if self.rate_Bps > 0 else Mode.PASS, limit_Bps=self.rate_Bps,
                             publish=float(st.ledger.holding), quota_bytes=allowance,

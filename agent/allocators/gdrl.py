@@ -117,8 +117,8 @@ from drl.agent.model import Decision, Envelope, Mode, Report, Snapshot, Step
 from .common import ParameterError, check_range
 from .graph import Graph
 from .transfer import (Ledger, claim_endowments, follow_members, heir, heir_watch, is_alive, link_info,
-                       owed_amount, receive, retransmit, return_endowments, send, settle_failed, share,
-                       start_elsewhere)
+                       note_lives, owed_amount, receive, retransmit, return_endowments, send, settle_failed,
+                       share, start_elsewhere)
 
 
 PARTS = 10**9       # C in ledger units: 12.5 B/s a part at 100 Gbit/s, finer below
@@ -286,6 +286,9 @@ def diffusion_step(alloc: Gdrl, state: DiffusionState, snap: Snapshot) -> Step:
             out.append(env)
             sent_to.append(peer)
     out.extend(retransmit(led, sent_to, snap.view))
+    # links opened this tick (a transfer or return received, a hello sent) get their peer's
+    # life now, or a restart of that peer before our next tick goes unseen on them
+    led = note_lives(led, snap.view)
     usable = max(0, led.holding - reserved)
 
     info: dict[str, Any] = {"indicator": alloc.indicator, "q": q_own, "eta": eta, "capacity_Bps": usable * part_Bps,

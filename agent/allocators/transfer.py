@@ -37,7 +37,9 @@ incarnation (it restarted: its old life's link state is gone), is settled if
 still open and then *reopened*: a fresh link, counters from zero, as for a
 joiner.  The transport must not hand a message addressed to (or sent by) an
 old life to the new one; the simulator and the tests drop them, the agent's
-gossip rejects an old sender incarnation.
+gossip rejects an old sender incarnation.  A link opened later in the tick
+(``receive``, ``send``, ``report``) gets its peer's life from the same view in
+:func:`note_lives`, so no open link is without one.
 
 Endowment returns (GDRL, fill ratio): a member that comes back after its
 genesis share was claimed gets that share back from its claimer as a
@@ -239,6 +241,23 @@ def follow_members(led: Ledger, view: PeerView, watch: Iterable[str] = (),
     if lives != led.lives:
         led = dataclasses.replace(led, lives=lives)
     return led, Churn(frozenset(restarted), frozenset(back))
+
+
+def note_lives(led: Ledger, view: PeerView) -> Ledger:
+    """Remember the life of every peer a link was opened with this tick (by ``receive``,
+    ``send`` or ``report``, after :func:`follow_members` looked), from the same view.
+
+    Called once a tick after the last of them.  Without it a peer that restarts before
+    our next tick shows its new incarnation to a link with no life known, which
+    :func:`follow_members` cannot tell from the first sight of a peer, so the old life's
+    link is never settled: what that life gave us on it stays in our holding while its
+    share, which still counted the gift as in flight, comes back whole (capacity
+    created), and the new life's counters, from zero, never match ours."""
+    fresh = {peer: state.incarnation for peer in led.links if peer not in led.lives
+             and (state := view.peers.get(peer)) is not None and state.incarnation}
+    if not fresh:
+        return led
+    return dataclasses.replace(led, lives={**led.lives, **fresh})
 
 
 def is_down(view: PeerView, peer: str, dead_after_s: float) -> bool:

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators.graph import Graph, GraphError, bfs_levels
-from drl.agent.allocators.transfer import (Ledger, claim_endowments, down_run, follow_members, receive,
-                                           replace_src, retransmit, return_endowments, send, settle, share)
+from drl.agent.allocators.transfer import (Ledger, claim_endowments, down_run, follow_members, note_lives,
+                                           receive, replace_src, retransmit, return_endowments, send, settle,
+                                           share)
 from drl.agent.model import PeerState, PeerView, Report, TransferAck
 
 
@@ -151,6 +152,18 @@ def test_a_new_incarnation_settles_the_old_life_and_opens_a_fresh_link():
     a, churn = follow_members(a, _view(members=("a", "b"), lives={"b": 2}))
     assert churn.restarted == {"b"} and churn.back == {"b"}
     assert a.holding == 100 and "b" not in a.closed and "b" not in a.links and a.lives["b"] == 2
+
+
+def test_a_restart_right_after_a_link_was_opened_by_a_receipt_settles_it():
+    """A link opened by a transfer received after follow_members looked: a restart of the
+    sender before the next tick is seen, so what its old life gave is taken back."""
+    b, env = send(Ledger(holding=100), "a", 30)
+    a, _ = follow_members(Ledger(holding=0), _view(members=("a", "b")))   # b not followed yet
+    a, _, _ = receive(a, [replace_src(env, "b")])
+    a = note_lives(a, _view(members=("a", "b")))
+    assert a.holding == 30 and a.lives["b"] == 1
+    a, churn = follow_members(a, _view(members=("a", "b"), lives={"b": 2}))
+    assert churn.restarted == {"b"} and a.holding == 0 and "b" not in a.links
 
 
 def test_an_endowment_return_moves_h_is_resent_until_acked_and_credited_once():
