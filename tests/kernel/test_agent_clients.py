@@ -200,10 +200,18 @@ def test_a_client_throttled_on_its_only_host_stays_at_its_threshold(net, cluster
     4.01).  A throttled client is released below half the threshold (agent/clients/table.py)."""
     server, client = net.hosts
     cluster(net).start(server, [], "fps", "100mbit", "--client-key", "dst/32", "--client-threshold", "4mbit")
-    with iperf3_server(client) as srv:
+    with iperf3_server(client) as srv, RxMeter(client) as meter:
+        start = time.monotonic()
         run = iperf3_start(server, srv, seconds=16, cc="bbr").wait()
-    print(f"measured: {run.received_bps / 1e6:.2f} Mbit/s through a 4 Mbit/s client threshold (BBR)")
-    assert 0.8 * 4e6 <= run.received_bps <= 1.1 * 4e6, run.received_bps
+        held = mean(meter.series(start + 3, start + 15)) * 8      # L2 bits/s, as the agent counts
+    # The whole run also carries the first tick or two at the class's 100 Mbit/s before the
+    # client is seen over its threshold (0.1 s of it is 0.6 Mbit/s over 16 s): 4.10-4.57 here,
+    # 4.44 on a busier CI machine.  The held phase is what the release rule decides; the
+    # whole run only shows the throttle started within a few ticks.
+    print(f"measured: {held / 1e6:.2f} Mbit/s held from 3 s on, {run.received_bps / 1e6:.2f} over the "
+          f"run, through a 4 Mbit/s client threshold (BBR)")
+    assert 0.8 * 4e6 <= held <= 1.1 * 4e6, held
+    assert run.received_bps <= 1.5 * 4e6, run.received_bps
 
 
 class OverInItsFirstSecond(AssertionError):

@@ -84,7 +84,9 @@ def test_a_keyed_datagram_with_a_foreign_id_from_a_peers_address_is_rejected_and
     assert peer(after, "h2")["state"] == "alive" and peer(after, "h3")["state"] == "stale", after["peers"]
     assert peer(after, "h2")["incarnation"] == peer(before, "h2")["incarnation"] < 2**50
     assert peer(after, "h3")["incarnation"] == 0 and peer(after, "h3")["last_seen_s"] is None
-    for k in ("global_limit_bps", "limit_version", "effective_limit_bps", "mode", "drop_probability"):
+    # not "mode": h1 is held in bucket mode at its safe rate whenever h2 says it has not heard
+    # h1 within the timeout (model.heard_cap), which a 0.3-s stall of a busy CI machine does
+    for k in ("global_limit_bps", "limit_version", "effective_limit_bps", "drop_probability"):
         assert after[k] == before[k], (k, before[k], after[k])
     assert after["global_limit_bps"] == 10e6 and after["limit_version"] == 0
     assert after["allocator_state"]["global_demand_bps"] < 1e6, after["allocator_state"]
