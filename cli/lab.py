@@ -83,6 +83,8 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
       drl-lab run ./mine.toml --out /tmp/mine
       drl-lab run baseline --on vagrant --allocator fps --duration 30s
     """
+    if on == "vagrant" and repeat and repeat > 1:
+        raise click.UsageError("--repeat is not supported with --on vagrant (each run boots its VMs): run it again")
     require_extra("lab", "numpy", "matplotlib")
     from drl.lab.registry import resolve
     from drl.lab.runner import run_experiment

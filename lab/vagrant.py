@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -360,7 +361,9 @@ def _vm_run(exp: Experiment, alloc: str, out: Path, box: Path, work: Path, tcg: 
     doc = export(exp)
     topo = work / "topology.json"
     topo.write_text(dumps(doc))
-    plan = make_plan(exp, run="lb0000")
+    # the VMs' kernel has sch_netem: a link event keeps the link's delay and loss (netem with a
+    # rate) instead of the tbf the plan gives a host without it
+    plan = dataclasses.replace(make_plan(exp, run="lb0000"), netem=True)
     groups = place(plan)
     addr = {h["name"]: [l["addr"] for l in h["links"]] for h in doc["hosts"]}
     with open(out / "vagrant.log", "w") as log, PrivateLibvirt(work / "libvirt") as lv:

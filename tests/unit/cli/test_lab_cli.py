@@ -40,6 +40,11 @@ def test_bad_duration_is_a_usage_error():
     assert res.exit_code == 2 and "duration" in res.output
 
 
+def test_repeat_on_vagrant_is_refused_before_anything_boots():
+    res = CliRunner().invoke(main, ["run", "baseline", "--on", "vagrant", "--repeat", "2"])
+    assert res.exit_code == 2 and "--repeat is not supported with --on vagrant" in res.output
+
+
 def _run(alloc, jain, shares):
     return {"experiment": "baseline", "allocator": alloc, "repeat": 1, "global_limit_bps": 10e6,
             "aggregate_bps": 9.8e6, "utilization": 0.98, "jain_index": jain,
