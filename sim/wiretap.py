@@ -3,7 +3,7 @@
     tap = WireTap(node_ids, rng, monitors=64)
     tap.updates_sent(seq)                               # -> bytes on the wire, via agent.wire.encode
     tap.envelope_sent(src_id, env, seq, sent_at)        # -> bytes of one point-to-point message
-    tap.received(dst, src, seq)                          # feeds agent.wire.SeqWindow
+    tap.received(dst, src, seq)                          # feeds agent.gossip.lives.SeqWindow
     tap.loss_detected                                    # lost / expected, as the receivers count it
 
 Sizes: every datagram is ``agent.wire.encode`` output (protobuf + 32-byte
@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from drl.agent.gossip import wire
+from drl.agent.gossip import lives, wire
 from drl.agent.gossip.core import new_incarnation
 from drl.agent.model import Envelope
 
@@ -46,7 +46,7 @@ class WireTap:
         self.monitored = np.zeros(n, dtype=bool)
         self.monitored[rng.choice(n, size=min(n, monitors), replace=False)] = True
         self.incarnation = new_incarnation()       # wall-clock ms, as the agent's: 6 varint bytes
-        self._windows: dict[tuple[int, int], wire.SeqWindow] = {}
+        self._windows: dict[tuple[int, int], lives.SeqWindow] = {}
         self._size_cache: dict[int, int] = {}
         self.lost = 0          # net count from SeqWindow.accept: gaps minus late arrivals
         self.accepted = 0
@@ -79,7 +79,7 @@ class WireTap:
         """Datagrams delivered (any kind, one sequence stream per link, as in agent.gossip)."""
         mine = self.monitored[dst]
         for d, s, q in zip(dst[mine].tolist(), src[mine].tolist(), seq[mine].tolist()):
-            change = self._windows.setdefault((d, s), wire.SeqWindow()).accept(q)
+            change = self._windows.setdefault((d, s), lives.SeqWindow()).accept(q)
             if change is None:
                 self.replayed += 1
             else:

@@ -32,6 +32,10 @@ Members change at run time (joins, leaves, restarts under an old id): an
 allocator derives every change from ``snap.view.members`` and
 ``view.peers[...].incarnation`` against its own state; none needs a call of
 its own.  docs/allocators.md says what each one does.
+
+May import: the standard library and ``drl.agent.model`` (with what it imports).  Never
+bcc, pyroute2, psutil, protobuf, click, sockets or another part of the agent: allocators
+are pure, and the simulator runs them as they are.
 """
 from __future__ import annotations
 

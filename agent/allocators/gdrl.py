@@ -89,7 +89,7 @@ each change does, with ``sum C_i + in flight == C`` kept throughout:
   what was still open with its old life and open fresh links; its best
   friend claims its share if it had not yet (a restart faster than
   ``dead_after_s``) and returns it as an acknowledged endowment return
-  (transfer.return_endowments), with the shares of the members down behind
+  (endowment.return_endowments), with the shares of the members down behind
   it, whose best friend it is again; the rejoiner credits up to that amount.
   Until the return is applied the sum is below C, never above.  A share
   nobody holds (every node restarted at once) comes back by asking: see
@@ -116,9 +116,8 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 from drl.agent.model import Decision, Envelope, Mode, Report, Snapshot, Step
 from .common import ParameterError, check_range
 from .graph import Graph
-from .transfer import (Ledger, claim_endowments, follow_members, heir, heir_watch, is_alive, link_info,
-                       note_lives, owed_amount, receive, retransmit, return_endowments, send, settle_failed,
-                       share, start_elsewhere)
+from .endowment import claim_endowments, heir, heir_watch, owed_amount, return_endowments, share, start_elsewhere
+from .transfer import Ledger, follow_members, is_alive, link_info, note_lives, receive, retransmit, send, settle_failed
 
 
 PARTS = 10**9       # C in ledger units: 12.5 B/s a part at 100 Gbit/s, finer below

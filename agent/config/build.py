@@ -25,7 +25,7 @@ from drl.agent.gossip.membership import liveness_timeout
 from drl.agent.model import Allocator
 from drl.agent.gossip.peers import AddressError, HostPort, Peer, parse_hostport, parse_peers
 from drl.agent.cluster.registry import RegistryConfig, RegistryError, registry_config
-from drl.agent.gossip.wire import KeyFileError, load_key
+from drl.agent.gossip.keys import KeyFileError, load_key
 
 # The kernel falls back to the safe rate when the agent has not written a
 # class for this long: long enough that a slow tick never trips it, short

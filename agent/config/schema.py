@@ -32,16 +32,14 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from drl.agent import logs, units
+from drl.agent import abi, logs, units
 from drl.agent.abi import GOSSIP_MARK, MAX_CLIENTS
 from drl.agent.allocators import names as allocator_names
 from drl.agent.clients import rules as clients
 
 DEFAULT_PORT = 7470
-# The control socket: agent/service/control.py serves it, a layer above this one, so the
-# value is written here too (tests/unit/config/test_schema.py holds the two equal).
-DEFAULT_SOCKET = "/run/drl/agent.sock"
-MAX_CLASSES = 65536          # --max-classes' ceiling: a file with more [[class]] tables is refused unread
+DEFAULT_SOCKET = "/run/drl/agent.sock"     # drl-agent's and drlctl's --socket
+MAX_CLASS_TABLES = 65536     # --max-classes' ceiling: a file with more [[class]] tables is refused unread
 
 AGENT, CLASS, CLASS_ONLY = "agent", "class", "class only"
 
@@ -282,9 +280,9 @@ FIELDS: tuple[Field, ...] = (
           help="Share of a flow's byte share still present after one second (FPS's flow rates; docs/datapath.md, TCP on veth)."),
     Field("sample_probability", "--sample-probability", PROBABILITY,
           "Probability that a new flow enters the flow table (FPS's sample set) [default: fps 0.1, others 1]."),
-    Field("max_flows", "--max-flows", IntRange(lo=16), default=4096, show_default=True,
+    Field("max_flows", "--max-flows", IntRange(lo=16), default=abi.MAX_FLOWS, show_default=True,
           help="Flow table size (the kernel keeps two maps of this many flows, ~130 bytes each)."),
-    Field("max_classes", "--max-classes", IntRange(1, MAX_CLASSES), default=4096, show_default=True,
+    Field("max_classes", "--max-classes", IntRange(1, MAX_CLASS_TABLES), default=abi.MAX_CLASSES, show_default=True,
           help="Classes the datapath has room for (a load-time size)."),
     Field("max_clients", "--max-clients", IntRange(1024, 2**24), default=MAX_CLIENTS, show_default=True,
           help="Per-client windows the datapath keeps, LRU (a load-time size: ~128 bytes of kernel memory each, "

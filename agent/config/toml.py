@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from drl.agent.cluster.registry import NAME     # one rule for class names: a class is also a key in etcd
-from drl.agent.config.schema import BY_KEY, CLASS_OPTIONS, FIELDS, MAX_CLASSES, PER_CLASS_ONLY, Field, OptionError
+from drl.agent.config.schema import BY_KEY, CLASS_OPTIONS, FIELDS, MAX_CLASS_TABLES, PER_CLASS_ONLY, Field, OptionError
 
 
 class ConfigFileError(Exception):
@@ -88,8 +88,8 @@ def read(path: str) -> FileConfig:
     tables = data.get("class", [])
     if not isinstance(tables, list):
         raise ConfigFileError(f"{src.at('class', None, None)}: write classes as [[class]] tables")
-    if len(tables) > MAX_CLASSES:       # before parsing them: a million tables cost minutes
-        raise ConfigFileError(f"{path}: {len(tables)} [[class]] tables, at most {MAX_CLASSES} (--max-classes)")
+    if len(tables) > MAX_CLASS_TABLES:       # before parsing them: a million tables cost minutes
+        raise ConfigFileError(f"{path}: {len(tables)} [[class]] tables, at most {MAX_CLASS_TABLES} (--max-classes)")
     classes = tuple(_class(src, t, i) for i, t in enumerate(tables))
     first: dict[str, int] = {}
     for i, c in enumerate(classes):

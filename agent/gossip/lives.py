@@ -5,9 +5,42 @@
 """
 from __future__ import annotations
 
-from drl.agent.gossip.wire import Reason, SeqWindow
+from drl.agent.gossip.wire import Reason
 
 MAX_LIVES = 4           # incarnations remembered per sender, each with its replay window
+
+
+class SeqWindow:
+    """Anti-replay sliding window over one sender's sequence numbers (RFC 4303 §3.4.3).
+
+    ``accept(seq)`` returns None for a replay (seen, or left of the window), else the
+    change in the count of lost datagrams: the gap jumped over when ``seq`` is the
+    newest yet ([Raghavan07] §4.2: the sequence number tells the
+    receiver an update was lost), -1 when a datagram counted lost arrives late,
+    0 otherwise.  The first seq seen starts the window: nothing before it is lost
+    or accepted.
+    """
+    __slots__ = ("top", "bits")
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self.top = 0          # highest seq accepted; 0 = nothing yet (valid seqs start at 1)
+        self.bits = 0         # bit i set = seq (top - i) seen
+
+    def accept(self, seq: int) -> int | None:
+        if self.top == 0:      # start here; anything older counts as seen (it is superseded)
+            self.top, self.bits = seq, (1 << self.SIZE) - 1
+            return 0
+        if seq > self.top:
+            shift = seq - self.top
+            self.bits = ((self.bits << shift) | 1) & ((1 << self.SIZE) - 1)
+            self.top = seq
+            return shift - 1
+        offset = self.top - seq
+        if offset >= self.SIZE or self.bits >> offset & 1:
+            return None
+        self.bits |= 1 << offset
+        return -1
 
 
 class _Life:

@@ -18,12 +18,10 @@ judge, core.py, which knows the class's allocator), a rate within the rate
 ceiling, a version one more than which still fits its uint64
 (``Reason.OUT_OF_RANGE``: the whole datagram is dropped, never clamped).  The MAC is checked
 before the protobuf parser ever sees the bytes, so unauthenticated input only
-costs one HMAC.  Replays are caught statefully by :class:`SeqWindow`, one per
+costs one HMAC.  Replays are caught statefully by ``lives.SeqWindow``, one per
 (sender, incarnation), in agent/gossip/core.py, after it has checked that the sender's
-node id is the one bound to the source address (``Reason.WRONG_SENDER``).
-
-``load_key(path)`` reads the cluster key file; every problem is one
-:class:`KeyFileError` with a one-line message.
+node id is the one bound to the source address (``Reason.WRONG_SENDER``).  The
+cluster key file is read by agent/gossip/keys.py.
 """
 from __future__ import annotations
 
@@ -32,15 +30,13 @@ import enum
 import functools
 import hmac
 import math
-import os
-import stat
 from dataclasses import dataclass
 from typing import NamedTuple, Union
 
 from google.protobuf.message import DecodeError
 
 from drl.agent.gossip import drl_pb2
-from drl.agent import logs, units
+from drl.agent import units
 from drl.agent.clients.reports import BanNote, ClientReport, report_bytes
 from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
@@ -50,10 +46,6 @@ from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, Tr
 VERSION = 4
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
-MIN_KEY_BYTES = 16
-MAX_KEY_FILE = 4096       # bytes a key file may hold (a key is 32 random bytes in base64)
-
-log = logs.get_logger("drl.wire")
 
 
 class Reason(str, enum.Enum):
@@ -380,70 +372,3 @@ def decode(data: bytes, key: bytes | None, cluster: str) -> Message | Reason:
     if msg.header.cluster != cluster:
         return Reason.WRONG_CLUSTER
     return msg
-
-
-class SeqWindow:
-    """Anti-replay sliding window over one sender's sequence numbers (RFC 4303 §3.4.3).
-
-    ``accept(seq)`` returns None for a replay (seen, or left of the window), else the
-    change in the count of lost datagrams: the gap jumped over when ``seq`` is the
-    newest yet ([Raghavan07] §4.2: the sequence number tells the
-    receiver an update was lost), -1 when a datagram counted lost arrives late,
-    0 otherwise.  The first seq seen starts the window: nothing before it is lost
-    or accepted.
-    """
-    __slots__ = ("top", "bits")
-    SIZE = 64
-
-    def __init__(self) -> None:
-        self.top = 0          # highest seq accepted; 0 = nothing yet (valid seqs start at 1)
-        self.bits = 0         # bit i set = seq (top - i) seen
-
-    def accept(self, seq: int) -> int | None:
-        if self.top == 0:      # start here; anything older counts as seen (it is superseded)
-            self.top, self.bits = seq, (1 << self.SIZE) - 1
-            return 0
-        if seq > self.top:
-            shift = seq - self.top
-            self.bits = ((self.bits << shift) | 1) & ((1 << self.SIZE) - 1)
-            self.top = seq
-            return shift - 1
-        offset = self.top - seq
-        if offset >= self.SIZE or self.bits >> offset & 1:
-            return None
-        self.bits |= 1 << offset
-        return -1
-
-
-class KeyFileError(Exception):
-    """The cluster key file cannot be used; the message is one line for the CLI."""
-
-
-def load_key(path: str | os.PathLike) -> bytes:
-    """The cluster key: the file's bytes without surrounding whitespace.
-
-    Make one with ``head -c 32 /dev/urandom | base64 > drl.key && chmod 600 drl.key``
-    and give every node the same file.
-    """
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is read,
-        # and only so much of it (/dev/zero would be read until memory ran out)
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            if not stat.S_ISREG(mode):
-                raise KeyFileError(f"key file {path} is not a regular file")
-            key = f.read(MAX_KEY_FILE + 1).strip()
-    except FileNotFoundError:
-        raise KeyFileError(f"key file {path} does not exist (make one: "
-                           f"head -c 32 /dev/urandom | base64 > {path})") from None
-    except OSError as e:
-        raise KeyFileError(f"key file {path} is not readable: {e.strerror}") from None
-    if len(key) > MAX_KEY_FILE:
-        raise KeyFileError(f"key file {path} is larger than {MAX_KEY_FILE} bytes: not a key")
-    if not key:
-        raise KeyFileError(f"key file {path} is empty")
-    if len(key) < MIN_KEY_BYTES:
-        raise KeyFileError(f"key file {path} holds {len(key)} bytes; need at least {MIN_KEY_BYTES}")
-    if mode & 0o004:
-        log.warning("key_file_readable", file=path, reason="readable by every user", fix="chmod 600")
-    return key

@@ -3,10 +3,10 @@
 Owns compiling and attaching bpf/limiter.c and talking to its maps (``datapath``,
 made of ``loader``, ``attach``, ``class_maps``, ``rule_maps``, ``client_maps``,
 ``flows`` and ``maps``), laying out the classification maps (``classify``), the token-bucket arithmetic both sides share (``bucket``),
-HTB shape mode (``shaper``), netlink helpers (``rtnetlink``), the
+HTB shape mode (``shaper``), netlink and tc requests by hand (``rtnetlink``), the
 one-agent-per-interface lock (``lock``) and the capability check (``caps``).
-``fake`` is an in-memory stand-in with the same interface, for tests and tools
-that run without a kernel.
+``interface`` is what the daemon is typed against; ``fake`` is an in-memory stand-in
+with that interface, for tests and tools that run without a kernel.
 
 May import: the standard library, bcc and pyroute2, ``drl.agent.abi``,
 ``model``, ``units``, ``logs``, and the pure specs of ``classes`` and

@@ -1,8 +1,11 @@
-"""What the service needs of a datapath: the one interface ``Datapath`` and ``FakeDatapath`` share.
+"""What the service needs of a datapath and of shape mode: the interfaces the kernel's
+classes and their in-memory stand-ins share.
 
-The daemon is typed against :class:`DatapathPort`; ``kernel.datapath.Datapath``
-implements it on bpf/limiter.c's maps, ``kernel.fake.FakeDatapath`` in memory
-(without the client methods, which only client rules call).
+The daemon is typed against :class:`DatapathPort` and :class:`ShaperPort`;
+``kernel.datapath.Datapath`` implements the first on bpf/limiter.c's maps and
+``kernel.shaper.Shaper`` the second on HTB, ``kernel.fake.FakeDatapath`` and
+``FakeShaper`` both in memory (the fake datapath without the client methods, which
+only client rules call).
 """
 from __future__ import annotations
 
@@ -40,3 +43,14 @@ class ClientDatapathPort(DatapathPort, Protocol):
     def read_heavy(self) -> Mapping[int, set[Client]]: ...
     def client_counts(self, class_id: int, clients: Iterable[Client]) -> Mapping[Client, float]: ...
     def forget_clients(self, class_id: int, clients: Iterable[Client]) -> None: ...
+
+
+class ShaperPort(Protocol):
+    """Shape mode: a class's bucket rate queued in an HTB class of its own."""
+    rates: Mapping[int, float]        # class id -> the HTB rate written, bytes/s
+
+    def set_rate(self, class_id: int, limit_Bps: float, burst_bytes: int | None = None) -> int: ...
+    def discard(self, class_id: int) -> None: ...
+    def retain(self, class_ids: Iterable[int]) -> None: ...
+    def ensure_attached(self) -> bool: ...
+    def close(self, detach: bool = True) -> None: ...

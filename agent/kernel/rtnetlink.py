@@ -1,6 +1,7 @@
 """rtnetlink by hand: the message layouts, attribute codec and request/reply loop that agent/kernel/attach.py (the
 per-tick check of our filter's program id) and agent/kernel/shaper.py (bfifo, htb class delete,
-a dumped qdisc re-added as it was) need where pyroute2 is too slow or cannot."""
+a dumped qdisc re-added as it was, the root qdisc and its children) need where pyroute2 is too
+slow or cannot, and the link events the agent's loop follows its interface by."""
 from __future__ import annotations
 
 import errno
@@ -64,6 +65,48 @@ def replies(sock: socket.socket, seq: int):
                     raise OSError(code, f"netlink: {os.strerror(code)}")
                 return
             yield kind, body
+
+
+# tc requests for what pyroute2 cannot do (agent/kernel/shaper.py): bfifo (no plugin), deleting
+# an htb class (its plugin needs a rate to encode the request), and re-adding a qdisc from the
+# options the kernel dumped (pyroute2 re-encodes parsed options, losing some)
+RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC, RTM_DELTCLASS = 36, 37, 38, 41
+TC_H_ROOT = 0xFFFFFFFF
+
+
+def tc_request(sock: socket.socket, kind: int, flags: int, ifindex: int, handle_: int, parent: int,
+             attrs: list[tuple[int, bytes]], dump: bool = False) -> list[tuple[int, bytes]]:
+    """Send one tc request and wait for its ACK (or, ``dump``, the whole dump)."""
+    body = TCMSG.pack(socket.AF_UNSPEC, ifindex, handle_, parent, 0) + b"".join(attr(k, v) for k, v in attrs)
+    flags |= NLM_F_DUMP if dump else NLM_F_ACK          # (DUMP's bits overlap EXCL's: never both)
+    return list(replies(sock, send(sock, kind, flags, body)))
+
+
+def qdiscs(sock: socket.socket, ifindex: int) -> list[dict]:
+    out = []
+    for kind, body in tc_request(sock, RTM_GETQDISC, 0, ifindex, 0, 0, [], dump=True):
+        if kind != RTM_NEWQDISC:
+            continue
+        _, index, handle_, parent, _ = TCMSG.unpack_from(body)
+        if index != ifindex:
+            continue
+        found = attrs(body, TCMSG.size, len(body))
+        out.append({"kind": found.get(TCA_KIND, b"").rstrip(b"\0").decode(), "handle": handle_,
+                    "parent": parent, "options": found.get(TCA_OPTIONS, b"").hex()})
+    return out
+
+
+def root_qdisc(sock: socket.socket, ifindex: int) -> dict | None:
+    """The root qdisc: kind, handle, parent and options (hex) as the kernel dumps them.  A dump
+    (a get of the root is only ACKed on this kernel, no reply): ~25 us in a namespace."""
+    return next((q for q in qdiscs(sock, ifindex) if q["parent"] == TC_H_ROOT), None)
+
+
+def has_children(sock: socket.socket, ifindex: int) -> bool:
+    """Qdiscs under the root that someone added (the kernel's own default children of a
+    classful root, e.g. tbf's bfifo or mq's per-queue qdiscs, have handle 0 or are hidden)."""
+    return any(q["parent"] not in (TC_H_ROOT, 0xFFFFFFF1) and q["handle"] != 0 and q["kind"] != "clsact"
+               and q["parent"] >> 16 != 0xFFFF for q in qdiscs(sock, ifindex))
 
 
 RTMGRP_LINK = 0x1     # rtnetlink's multicast group of link events (RTM_NEWLINK, RTM_DELLINK)

@@ -59,11 +59,8 @@ from pyroute2.netns import popns, pushns
 
 from drl.agent import logs
 from drl.agent.burst import mode_depth
-from drl.agent.kernel import rtnetlink
-from drl.agent.kernel.rtnetlink import (NLM_F_ACK as _NLM_F_ACK, NLM_F_CREATE as _NLM_F_CREATE,
-                                 NLM_F_DUMP as _NLM_F_DUMP, NLM_F_REPLACE as _NLM_F_REPLACE,
-                                 TCA_KIND as _TCA_KIND, TCA_OPTIONS as _TCA_OPTIONS,
-                                 TCMSG as _TCMSG, attr as _attr, attrs as _attrs)
+from drl.agent.kernel.rtnetlink import (NLM_F_CREATE, NLM_F_REPLACE, RTM_DELQDISC, RTM_DELTCLASS, RTM_NEWQDISC,
+                                        TC_H_ROOT, TCA_KIND, TCA_OPTIONS, has_children, root_qdisc, tc_request)
 from drl.agent.model import SLOW_START_Bps
 
 HTB_MAJOR = 0xD1D1               # our HTB's handle d1d1: ("drl", like the gossip mark)
@@ -81,7 +78,6 @@ QUEUE_TIME_S = 0.050
 # that is out of 1000..200000); our classes never borrow, so it only sets the turn size
 QUANTUM = 60_000
 
-TC_H_ROOT = 0xFFFFFFFF
 log = logs.get_logger("drl.agent")
 
 
@@ -183,7 +179,7 @@ class Shaper:
         if self._previous is None:
             return False
         try:
-            root = _root_qdisc(self._nl, self._ifindex)
+            root = root_qdisc(self._nl, self._ifindex)
             if _ours(root):
                 return False
             moved = self._follow_name()
@@ -224,7 +220,7 @@ class Shaper:
             return False
         try:
             self._open()
-            root = _root_qdisc(self._nl, self._ifindex)
+            root = root_qdisc(self._nl, self._ifindex)
             if not _ours(root):
                 self._state.unlink(missing_ok=True)
                 return False
@@ -242,13 +238,13 @@ class Shaper:
             return
         previous, self._previous = self._previous, None
         self._rates.clear()
-        root = _root_qdisc(self._nl, self._ifindex)
+        root = root_qdisc(self._nl, self._ifindex)
         if _ours(root):
-            _request(self._nl, _RTM_DELQDISC, 0, self._ifindex, 0, TC_H_ROOT, [])
+            tc_request(self._nl, RTM_DELQDISC, 0, self._ifindex, 0, TC_H_ROOT, [])
         if previous["handle"]:            # not the kernel's default: add it again as dumped
-            _request(self._nl, _RTM_NEWQDISC, _NLM_F_CREATE | _NLM_F_REPLACE, self._ifindex, previous["handle"],
-                     TC_H_ROOT, [(_TCA_KIND, previous["kind"].encode() + b"\0"),
-                                 (_TCA_OPTIONS, bytes.fromhex(previous["options"]))])
+            tc_request(self._nl, RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, self._ifindex, previous["handle"],
+                       TC_H_ROOT, [(TCA_KIND, previous["kind"].encode() + b"\0"),
+                                   (TCA_OPTIONS, bytes.fromhex(previous["options"]))])
         if self._state is not None:
             self._state.unlink(missing_ok=True)
         log.info("shaper_detached", iface=self.iface, restored=previous["kind"])
@@ -300,11 +296,11 @@ class Shaper:
     def _attach(self) -> None:
         """Remember the root qdisc (or a killed agent's record of it), then install ours."""
         self._open()
-        root = _root_qdisc(self._nl, self._ifindex)
+        root = root_qdisc(self._nl, self._ifindex)
         if _ours(root):
             previous = self._saved() or {"kind": "default", "handle": 0, "options": ""}
             log.info("shaper_leftover", iface=self.iface, previous=previous["kind"])
-            _request(self._nl, _RTM_DELQDISC, 0, self._ifindex, 0, TC_H_ROOT, [])     # its classes too
+            tc_request(self._nl, RTM_DELQDISC, 0, self._ifindex, 0, TC_H_ROOT, [])     # its classes too
         elif root is None or root["handle"] == 0:
             previous = {"kind": root["kind"] if root else "default", "handle": 0, "options": ""}
         else:
@@ -313,7 +309,7 @@ class Shaper:
             if root["kind"] == "htb":
                 raise ShaperError(f"{self.iface}'s root qdisc is an htb of its own: shape mode replaces the "
                                   "root and could not restore it (remove it, or use police)")
-            if _has_children(self._nl, self._ifindex):
+            if has_children(self._nl, self._ifindex):
                 raise ShaperError(f"{self.iface}'s root qdisc {root['kind']} has child qdiscs: shape mode "
                                   "replaces the root and could not restore them (remove them, or use police)")
             previous = root
@@ -345,12 +341,12 @@ class Shaper:
         failed earlier try is completed, not refused)."""
         self._ipr.tc("replace-class", "htb", self._ifindex, handle(class_id), parent=HTB_MAJOR << 16,
                      rate=rate, ceil=rate, burst=burst, cburst=burst, quantum=QUANTUM)
-        _request(self._nl, _RTM_NEWQDISC, _NLM_F_CREATE | _NLM_F_REPLACE, self._ifindex, leaf_handle(class_id),
-                 handle(class_id), [(_TCA_KIND, b"bfifo\0"), (_TCA_OPTIONS, struct.pack("=I", queue_limit(rate, burst)))])
+        tc_request(self._nl, RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, self._ifindex, leaf_handle(class_id),
+                 handle(class_id), [(TCA_KIND, b"bfifo\0"), (TCA_OPTIONS, struct.pack("=I", queue_limit(rate, burst)))])
 
     def _delete_class(self, class_id: int) -> None:
         """Raw: pyroute2's htb plugin wants a rate to encode even a delete.  The leaf goes with it."""
-        _request(self._nl, _RTM_DELTCLASS, 0, self._ifindex, handle(class_id), HTB_MAJOR << 16, [])
+        tc_request(self._nl, RTM_DELTCLASS, 0, self._ifindex, handle(class_id), HTB_MAJOR << 16, [])
 
 
 def _link_speed_Bps(iface: str) -> float:
@@ -360,47 +356,6 @@ def _link_speed_Bps(iface: str) -> float:
         return 0.0
 
 
-# rtnetlink by hand for what pyroute2 cannot do: bfifo (no plugin), deleting an htb class
-# (its plugin needs a rate to encode the request), and re-adding a qdisc from the options the
-# kernel dumped (pyroute2 re-encodes parsed options, losing some)
-_RTM_NEWQDISC, _RTM_DELQDISC, _RTM_GETQDISC, _RTM_DELTCLASS = 36, 37, 38, 41
-
-
-def _request(sock: socket.socket, kind: int, flags: int, ifindex: int, handle_: int, parent: int,
-             attrs: list[tuple[int, bytes]], dump: bool = False) -> list[tuple[int, bytes]]:
-    """Send one tc request and wait for its ACK (or, ``dump``, the whole dump)."""
-    body = _TCMSG.pack(socket.AF_UNSPEC, ifindex, handle_, parent, 0) + b"".join(_attr(k, v) for k, v in attrs)
-    flags |= _NLM_F_DUMP if dump else _NLM_F_ACK          # (DUMP's bits overlap EXCL's: never both)
-    return list(rtnetlink.replies(sock, rtnetlink.send(sock, kind, flags, body)))
-
-
-def _qdiscs(sock: socket.socket, ifindex: int) -> list[dict]:
-    out = []
-    for kind, body in _request(sock, _RTM_GETQDISC, 0, ifindex, 0, 0, [], dump=True):
-        if kind != _RTM_NEWQDISC:
-            continue
-        _, index, handle_, parent, _ = _TCMSG.unpack_from(body)
-        if index != ifindex:
-            continue
-        attrs = _attrs(body, _TCMSG.size, len(body))
-        out.append({"kind": attrs.get(_TCA_KIND, b"").rstrip(b"\0").decode(), "handle": handle_,
-                    "parent": parent, "options": attrs.get(_TCA_OPTIONS, b"").hex()})
-    return out
-
-
 def _ours(root: dict | None) -> bool:
     """The root qdisc is our HTB (this agent's, or a killed one's)."""
     return bool(root) and root["kind"] == "htb" and root["handle"] >> 16 == HTB_MAJOR
-
-
-def _root_qdisc(sock: socket.socket, ifindex: int) -> dict | None:
-    """The root qdisc: kind, handle, parent and options (hex) as the kernel dumps them.  A dump
-    (a get of the root is only ACKed on this kernel, no reply): ~25 us in a namespace."""
-    return next((q for q in _qdiscs(sock, ifindex) if q["parent"] == TC_H_ROOT), None)
-
-
-def _has_children(sock: socket.socket, ifindex: int) -> bool:
-    """Qdiscs under the root that someone added (the kernel's own default children of a
-    classful root, e.g. tbf's bfifo or mq's per-queue qdiscs, have handle 0 or are hidden)."""
-    return any(q["parent"] not in (TC_H_ROOT, 0xFFFFFFF1) and q["handle"] != 0 and q["kind"] != "clsact"
-               and q["parent"] >> 16 != 0xFFFF for q in _qdiscs(sock, ifindex))

@@ -8,7 +8,8 @@ peers (``limit_gossip``), drops by reason (``drops``), the change log lines
 (``change_log``), signals (``signals``), what a host may send (``rates``);
 the per-class run table (``class_table``), per-client rules at run time
 (``client_rules``), the control socket (``control``), Prometheus metrics
-(``metrics``) and the systemd notify protocol (``notify``).
+(``metrics``), the systemd notify protocol (``notify``) and the hint for a class
+that matches nothing (``unmatched``).
 
 May import: every other part of ``drl.agent``.  Never ``drl.cli``: the CLI
 calls into the service, not the reverse.

@@ -56,7 +56,7 @@ from drl.agent.gossip.transport import Standalone, TransportError, UdpTransport
 from drl.agent.gossip.wire import Batch, ClientReports
 from drl.agent.kernel import rtnetlink
 from drl.agent.kernel.datapath import Counters, Datapath, DatapathError, now_ns
-from drl.agent.kernel.interface import DatapathPort
+from drl.agent.kernel.interface import DatapathPort, ShaperPort
 from drl.agent.kernel.shaper import Shaper
 from drl.agent.model import SLOW_START_Bps, Decision, Mode, Snapshot, heard_cap
 from drl.agent.service import commands
@@ -155,13 +155,14 @@ def kernel_shaper(cfg: Config) -> Shaper:
 
 
 class Agent:
-    """The agent's state and tick.  ``transport(config)`` and ``datapath(config, gossip_port)``
-    build its two resources (kernel.interface.DatapathPort, gossip.interface.TransportPort);
-    tests pass the in-memory ones (kernel.fake, gossip.memory)."""
+    """The agent's state and tick.  ``transport(config)``, ``datapath(config, gossip_port)`` and
+    ``shaper(config)`` build its resources (gossip.interface.TransportPort,
+    kernel.interface.DatapathPort and ShaperPort); tests pass the in-memory ones
+    (gossip.memory, kernel.fake)."""
 
     def __init__(self, config: Config, transport: Callable[[Config], TransportPort] = udp_transport,
                  datapath: Callable[[Config, int | None], DatapathPort] = kernel_datapath,
-                 shaper: Callable[[Config], Any] = kernel_shaper):
+                 shaper: Callable[[Config], ShaperPort] = kernel_shaper):
         self.cfg = config
         self._stack = contextlib.ExitStack()
         self._make_shaper = shaper

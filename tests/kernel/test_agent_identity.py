@@ -17,7 +17,8 @@ import pytest
 
 from drl.agent.config.build import class_key
 from drl.agent.service.daemon import CLUSTER
-from drl.agent.gossip.wire import Batch, ClassValue, Header, LimitNote, Message, encode, load_key
+from drl.agent.gossip.keys import load_key
+from drl.agent.gossip.wire import Batch, ClassValue, Header, LimitNote, Message, encode
 from drl.lab.agents import GOSSIP_PORT as PORT
 
 pytestmark = pytest.mark.kernel

@@ -158,7 +158,7 @@ def diffusion_accounted(net: Net) -> int:
     the genesis share of every failed node that no live node has inherited yet.
     transfer.py shows this is exactly gdrl.PARTS after every tick."""
     from drl.agent.allocators.gdrl import PARTS
-    from drl.agent.allocators.transfer import share
+    from drl.agent.allocators.endowment import share
     live = [net.state[m] for m in net.live if net.state[m].ledger is not None]
     claimed = set().union(*(s.ledger.claimed for s in live))
     genesis = net.genesis

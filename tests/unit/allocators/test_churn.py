@@ -21,7 +21,7 @@ from drl.agent.allocators import create
 from drl.agent.allocators.common import peer_view
 from drl.agent.allocators.dqmp import accountable
 from drl.agent.allocators.gdrl import PARTS
-from drl.agent.allocators.transfer import share
+from drl.agent.allocators.endowment import share
 from drl.agent.model import Envelope, LeaseGrant, LeaseRequest, Local, PeerState, Snapshot
 
 from netharness import Net

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators.graph import Graph, GraphError, bfs_levels
-from drl.agent.allocators.transfer import (Ledger, claim_endowments, down_run, follow_members, note_lives,
-                                           receive, replace_src, retransmit, return_endowments, send, settle,
-                                           share)
+from drl.agent.allocators.endowment import claim_endowments, down_run, return_endowments, share
+from drl.agent.allocators.transfer import (Ledger, follow_members, note_lives, receive, replace_src, retransmit, send,
+                                           settle)
 from drl.agent.model import PeerState, PeerView, Report, TransferAck
 
 

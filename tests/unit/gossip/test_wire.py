@@ -17,8 +17,10 @@ from hypothesis import given, settings, strategies as st
 from drl.agent import units
 from drl.agent.clients.reports import MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport
 from drl.agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
+from drl.agent.gossip.keys import KeyFileError, load_key
+from drl.agent.gossip.lives import SeqWindow
 from drl.agent.gossip.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassClients, ClassValue, ClientReports, Header,
-                        KeyFileError, LimitNote, Message, Reason, SeqWindow, decode, encode, load_key, pack_reports)
+                                   LimitNote, Message, Reason, decode, encode, pack_reports)
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 KEY = b"k" * 32
@@ -174,7 +176,7 @@ def test_load_key(tmp_path, caplog):
     path = tmp_path / "drl.key"
     path.write_bytes(b"  c2VjcmV0LXNlY3JldC1zZWNyZXQ=\n")
     path.chmod(0o600)
-    with caplog.at_level(logging.WARNING, logger="drl.wire"):
+    with caplog.at_level(logging.WARNING, logger="drl.keys"):
         assert load_key(path) == b"c2VjcmV0LXNlY3JldC1zZWNyZXQ="
         assert not caplog.records
         path.chmod(0o644)
