@@ -18,7 +18,7 @@ rate: >= 0.97 of tbf's goodput; 100 ms: 0.78 with 4 flows); HTB queues, so a sha
 needs only 4 ms.  The buckets are not the only burst: when a host starts, stops or comes
 back, the others learn it a gossip round later, and meanwhile the local limits can add up to
 more than G (a kill and restart on 3 hosts at 30 Mbit/s: up to 218 kB beyond G x T, 58 ms of
-G, in docs/lab.md "Envelope, measured").  So a shaped class's default budget is 100 ms of G,
+G, in bench/RESULTS.md "Envelope, measured").  So a shaped class's default budget is 100 ms of G,
 the buckets and that reaction; a policed class's 300 ms covers both.  Either never goes below
 what the mode must be able to pass at once (two 64 KiB GSO skbs for a policer, one and a frame
 for HTB), so D is raised to N floors when the configured or default budget is smaller.

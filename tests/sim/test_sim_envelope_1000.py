@@ -36,6 +36,6 @@ def test_1000_limiters_report_the_envelope_of_every_phase(thousand):
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="FPS breaks the promise at 1,000 limiters (seed 1): start-up 1.75 (2.04 G in "
                                        "the 3rd second), restart after 20 s idle 1.39 (1.5 G, 7.7 GB beyond G x T "
-                                       "in 20 s against D = 375 MB); docs/sim.md 'envelope'")
+                                       "in 20 s against D = 375 MB); bench/RESULTS.md 'envelope'")
 def test_1000_limiters_keep_the_envelope(thousand):
     assert thousand["envelope"]["ratio"] <= 1.0

@@ -3,8 +3,6 @@
 ``a`` the same PeerView at every tick."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from drl.agent.gossip.core import Received
@@ -13,6 +11,7 @@ from drl.agent.gossip.wire import Batch, ClassValue, Header
 from drl.sim.engine import Setup
 from drl.sim.network import Updates
 from drl.sim.views import ViewTable
+from viewharness import summary
 
 IDS = ("a", "b", "c", "d")
 # A power of two: tick * interval is exact, so both sides reach the timeout on the same tick.
@@ -76,12 +75,6 @@ class Both:
 
     def views(self, t: int):
         return self.members.view(0, t * INTERVAL_S), self.table.view(0, t)
-
-
-def summary(view) -> dict:
-    return {"members": tuple(view.members), "n_alive": view.n_alive, "remote_sum": view.remote_sum,
-            "peers": {p: (s.value, s.alive, s.age_s if math.isfinite(s.age_s) else "never")
-                      for p, s in sorted(view.peers.items())}}
 
 
 def test_membership_and_sim_views_agree_at_every_tick():

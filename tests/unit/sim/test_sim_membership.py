@@ -11,7 +11,7 @@ from drl.agent.gossip.wire import Batch, ClassValue, Header
 from drl.sim.network import Updates
 from drl.sim.views import ViewTable
 
-from test_stale_rule import summary      # one view summary for both comparisons
+from viewharness import summary      # one view summary for both comparisons
 
 IDS = ("a", "b", "c", "d", "e")          # e is not a member at first
 INTERVAL_S = 0.125
