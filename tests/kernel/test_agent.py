@@ -52,7 +52,8 @@ def test_fps_pair_shares_the_limit_3_to_7_and_every_flow_fairly(net3, agents):
     # Without WAN_RTO_MIN neither holds (docs/datapath.md "TCP on veth").
     assert 0.27 <= run.share <= 0.34, run.share
     assert jain(run.stream_bytes) >= 0.9, run.stream_bytes
-    for st, other in zip(run.statuses, ("h2", "h1")):
+    for a, other in zip((a1, a2), ("h2", "h1")):
+        st = a.wait_for(alive, 2)      # at 50 ms a 0.15-s stall of a busy machine makes a peer stale a moment
         assert [(p["node_id"], p["state"]) for p in st["peers"]] == [(other, "alive")], st["peers"]
         assert st["gossip"]["received"] > 0 and st["gossip"]["rejected"] == 0, st["gossip"]
         assert st["authenticated"] and st["global_limit_bps"] == 10e6

@@ -12,6 +12,7 @@ and keeps gossiping; from h3 an ordinary socket binds h3's gossip port.
 from __future__ import annotations
 
 import struct
+import time
 
 import pytest
 
@@ -78,7 +79,10 @@ def test_a_keyed_datagram_with_a_foreign_id_from_a_peers_address_is_rejected_and
     # h2's id from h3's address (configured, named h3)
     as_h2 = [keyed(key, "h2", 2**50, seq, 1e12, LimitNote(class_key("default"), 99, 1000.0)) for seq in range(1, 6)]
     send_bound_from(h3, h1.addr4, as_h2)
-    after = a1.wait_for(lambda s: s["gossip"]["rejected"] >= 10, 5)
+    # h2 alive and counted as before: a 0.3-s stall of a busy machine makes it stale for a moment,
+    # which the forgery must not make lasting
+    after = a1.wait_for(lambda s: s["gossip"]["rejected"] >= 10 and peer(s, "h2")["state"] == "alive"
+                        and s["effective_limit_bps"] == before["effective_limit_bps"], 5)
     assert after["gossip"]["rejected_by_reason"] == {"wrong_sender": 10}, after["gossip"]
     assert [(p["node_id"], p["address"]) for p in after["peers"]] == \
         [("h2", f"{h2.addr4}:{PORT}"), ("h3", f"{h3.addr4}:{PORT}")], after["peers"]
@@ -110,6 +114,7 @@ def test_a_forged_higher_incarnation_locks_the_real_peer_out_for_at_most_the_tim
     # shouted down for about the liveness timeout: a few of h2's datagrams, not the rest of the run
     shouted = back["gossip"]["rejected_by_reason"]["old_incarnation"]
     assert shouted <= (TIMEOUT_S + 0.3) / INTERVAL_S, back["gossip"]
-    later = a1.wait_for(lambda s: False, 2)
+    time.sleep(2)
+    later = a1.wait_for(lambda s: peer(s, "h2")["state"] == "alive", 3)     # alive again after a stall
     assert later["gossip"]["rejected_by_reason"] == back["gossip"]["rejected_by_reason"], later["gossip"]
     assert peer(later, "h2")["state"] == "alive" and later["allocator_state"]["global_demand_bps"] < 1e6

@@ -76,8 +76,9 @@ def test_fps_moves_capacity_away_from_flows_bottlenecked_elsewhere(make_star, tm
         moved_s = time.monotonic() - capped
         rate2 = sink_rate_bps(sink2, 3)
         c1.wait(), c2.wait()
-    # measured 1.73-2.00 s over 6 runs; 1.81 s in 3 with FPS's refusal hold (ended by hold_rate_share)
-    assert st["local_limit_bps"] >= 7e6 and moved_s <= 3.0, (st["local_limit_bps"], moved_s)   # ~8 Mbit/s freed
+    # measured 1.73-2.00 s over 6 runs; 1.81 s in 3 with FPS's refusal hold (ended by hold_rate_share);
+    # the hold that never ended took 3.8 s
+    assert st["local_limit_bps"] >= 7e6 and moved_s <= 3.3, (st["local_limit_bps"], moved_s)   # ~8 Mbit/s freed
     assert rate2 >= 6.5e6, rate2
 
 

@@ -122,7 +122,7 @@ def test_forty_ms_rtt_holds_under_50_mbit_of_tcp(built):
     assert len(rtts) >= 248, "no echo lost on a lossless line"
     assert abs(median - RTT_MS) <= TOLERANCE_MS, (median, rtts)
     assert abs(tcp[-1]["minrtt_ms"] - RTT_MS) <= TOLERANCE_MS, tcp[-1]
-    assert RTT_MS - 1 <= srtt <= RTT_MS + 3, tcp   # srtt also holds delayed ACKs and the VM's hiccups
+    assert RTT_MS - 1 <= srtt <= RTT_MS + 5, tcp   # srtt also holds delayed ACKs and the VM's hiccups (41.7-42.1)
     assert all(s["reord_seen"] == 0 for s in tcp), "no reordering without jitter"
     for label, d in stats["directions"].items():
         assert d["lost"] == d["overflow"] == d["socket_drops"] == d["send_errors"] == 0, (label, d)

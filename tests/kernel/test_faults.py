@@ -2,22 +2,22 @@
 
 Topology (lab/topology.py's star): agents on h1..h3 limit their eth0 egress
 to the sink h4, FPS, 30 Mbit/s, with 1, 3 and 6 TCP flows.  The sink's
-received L2 bytes are sampled every 100 ms; every 1-s window (sliding by
-100 ms) must stay within 105 % of the limit after each fault, and the limit
-must be used again (a window at >= 95 %) within 3 s of it.  Last, with h3
+received L2 bytes are sampled every 100 ms over netlink (lab/measure.py RxMeter);
+every 1-s window (sliding by 100 ms) must stay within 105 % of the limit after
+each fault, and the limit must be used again (a window at >= 95 %) within 3 s of it.  Last, with h3
 killed again, the limit is lowered to 15 Mbit/s: h3's kernel keeps the fail-safe
 of 30 (10 Mbit/s), which the others must leave it.
 """
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import pytest
 
 from drl.agent.service.control import request
-from drl.lab.measure import rx_bytes
+from drl.lab.measure import DT, RxMeter
+from drl.lab.metrics import sliding_means
 from drl.lab.traffic import iperf3_server, iperf3_start
 
 pytestmark = pytest.mark.kernel
@@ -25,43 +25,11 @@ pytestmark = pytest.mark.kernel
 LIMIT_BPS = 30e6
 
 
-class SinkMeter:
-    """The sink's received bytes every 100 ms, on a thread of its own."""
-
-    def __init__(self, sink):
-        self.sink, self.samples = sink, []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> "SinkMeter":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stopping.set()
-        self.thread.join()
-
-    def _loop(self) -> None:
-        while not self.stopping.wait(0.1):
-            self.samples.append((time.monotonic(), rx_bytes(self.sink)))
-
-    def windows(self, start: float, end: float) -> list[float]:
-        """Bits/s of every 1-s window that starts within [start, end - 1]."""
-        s = [x for x in self.samples if start <= x[0] <= end]
-        out = []
-        for i, (t0, b0) in enumerate(s):
-            later = [(t, b) for t, b in s[i:] if t - t0 >= 1.0]
-            if later:
-                t1, b1 = later[0]
-                out.append((b1 - b0) * 8 / (t1 - t0))
-        return out
-
-
-def check(meter: SinkMeter, fault_at: float, what: str, settle_s: float = 6.0, limit_bps: float = LIMIT_BPS,
+def check(meter: RxMeter, fault_at: float, what: str, settle_s: float = 6.0, limit_bps: float = LIMIT_BPS,
           after_s: float = 0.0) -> dict:
     """The worst 1-s window from ``after_s`` past the fault and how soon the limit was used again."""
-    time.sleep(max(0.0, fault_at + settle_s - time.monotonic()))
-    windows = meter.windows(fault_at + after_s, fault_at + settle_s)
+    time.sleep(max(0.0, fault_at + settle_s + DT - time.monotonic()))    # the last bin's sample too
+    windows = [8 * w for w in sliding_means(meter.series(fault_at + after_s, fault_at + settle_s), DT)]
     worst = max(windows) / limit_bps
     used = next((i * 0.1 for i, w in enumerate(windows) if w >= 0.95 * limit_bps), None)
     assert worst <= 1.05, f"{what}: a 1-s window at {worst:.3f} of the limit"
@@ -80,7 +48,7 @@ def test_kill_restart_stop_and_cont_never_take_the_hosts_over_the_limit(net4, cl
     servers = [iperf3_server(sink) for _ in limiters]
     try:
         clients = [iperf3_start(h, srv, seconds=60, streams=n) for h, srv, n in zip(limiters, servers, (1, 3, 6))]
-        with SinkMeter(sink) as meter:
+        with RxMeter(sink) as meter:
             time.sleep(8)
             agents["h3"].kill(signal.SIGKILL)                  # the most flows, the largest share
             killed = check(meter, time.monotonic(), "kill")

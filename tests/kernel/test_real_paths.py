@@ -51,7 +51,9 @@ def test_fps_baseline_3_to_7_with_bbr_at_40ms_in_the_default_mode(tmp_path):
           f"Jain {doc['jain_index']:.3f}, worst 1-s window {doc['max_window_ratio']:.3f} of G")
     assert 0.95 <= doc["utilization"] <= 1.05, doc["utilization"]
     assert 0.25 <= l1_share(doc) <= 0.35, l1_share(doc)
-    assert doc["jain_index"] >= 0.9, doc["jain_index"]
+    # Jain over the flows 0.919-0.957 here; BBR's pacing follows timer jitter, so a busy machine
+    # reads lower.  A policer on BBR's own host gives 0.27: 0.85 tells the two apart.
+    assert doc["jain_index"] >= 0.85, doc["jain_index"]
 
 
 # cubic policed, as the paper's limiters did; BBR mixed with cubic shaped (behind a policer
@@ -61,7 +63,7 @@ def test_fps_baseline_3_to_7_at_40ms(tmp_path, senders, enforce):
     doc = run(tmp_path, senders, enforce=enforce)
     assert 0.95 <= doc["utilization"] <= 1.05, doc["utilization"]
     assert 0.27 <= l1_share(doc) <= 0.34, l1_share(doc)
-    assert doc["jain_index"] >= 0.9, doc["jain_index"]
+    assert doc["jain_index"] >= (0.9 if senders == "cubic" else 0.85), doc["jain_index"]   # mix: 0.914 here
 
 
 def test_grd_over_tcp_at_40ms_holds_the_limit(tmp_path):

@@ -61,11 +61,11 @@ def wait(cond, timeout_s: float) -> float:
 
 def test_two_agents_see_each_other_and_a_close_leaves_at_once(registries):
     a, b = registries("a"), registries("b")
-    wait(lambda: set(a.view().members) == set(b.view().members) == {"a", "b"}, 2.0)
+    wait(lambda: set(a.view().members) == set(b.view().members) == {"a", "b"}, 5.0)
     assert b.view().members["a"].addr == ("10.0.0.1", 7470) and b.view().reachable
     seen = b.changed()
     a.close()
-    assert wait(lambda: set(b.view().members) == {"b"}, 0.5) < 0.5      # revoked, not expired
+    assert wait(lambda: set(b.view().members) == {"b"}, 3.0) < 3.0      # revoked, not expired (a 5-s lease)
     assert b.changed() > seen and b.view().lost == {}                   # it said it leaves: not lost
 
 
@@ -73,7 +73,7 @@ def test_a_close_without_leaving_expires_with_the_lease_as_a_kill_does(registrie
     """close(leave=False): an agent that failed, its datapath still enforcing (agent/service/daemon.py
     failed); the others must count it lost, at what that datapath may pass."""
     a, b = registries("a", ttl_s=2.0), registries("b")
-    wait(lambda: "a" in b.view().members, 2.0)
+    wait(lambda: "a" in b.view().members, 5.0)
     a.close(leave=False)
     gone = wait(lambda: "a" not in b.view().members, 5.0)
     assert list(b.view().lost) == ["a"] and gone > 1.0, gone
@@ -98,7 +98,7 @@ def test_a_killed_holder_expires_with_its_lease(etcd, registries):
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "registered"
-        wait(lambda: "k" in b.view().members, 2.0)
+        wait(lambda: "k" in b.view().members, 5.0)
         proc.send_signal(signal.SIGKILL)
         gone = wait(lambda: "k" not in b.view().members, 5.0)
         assert list(b.view().lost) == ["k"]          # no leaving said: its datapath may still pass
@@ -111,10 +111,10 @@ def test_a_killed_holder_expires_with_its_lease(etcd, registries):
 
 def test_an_outage_keeps_the_view_and_pending_writes_land_after(etcd, registries):
     a, b = registries("a"), registries("b")
-    wait(lambda: len(b.view().members) == 2, 2.0)
+    wait(lambda: len(b.view().members) == 2, 5.0)
     etcd.stop()
     try:
-        wait(lambda: not a.view().reachable and not b.view().reachable, 2.0)
+        wait(lambda: not a.view().reachable and not b.view().reachable, 5.0)
         a.put_class({"name": "gold", "global": "70mbit"})                    # while etcd is away
         view = b.view()
         assert set(view.members) == {"a", "b"} and view.error, view
@@ -130,7 +130,7 @@ def test_an_outage_keeps_the_view_and_pending_writes_land_after(etcd, registries
 def test_a_hung_etcd_counts_as_unreachable(etcd, registries):
     """SIGSTOP keeps the connections open and answers nothing: the next renewal times out."""
     a = registries("a", ttl_s=3)
-    wait(lambda: a.view().reachable, 2.0)
+    wait(lambda: a.view().reachable, 5.0)
     etcd.proc.send_signal(signal.SIGSTOP)
     try:
         hung = wait(lambda: not a.view().reachable, 4.0)        # a renewal every 1 s, each given 1 s
@@ -143,10 +143,10 @@ def test_a_hung_etcd_counts_as_unreachable(etcd, registries):
 
 def test_latest_pending_write_per_class_wins(etcd, registries):
     a = registries("a")
-    wait(lambda: a.view().reachable, 2.0)
+    wait(lambda: a.view().reachable, 5.0)
     etcd.stop()
     try:
-        wait(lambda: not a.view().reachable, 2.0)
+        wait(lambda: not a.view().reachable, 5.0)
         for rate in ("1mbit", "2mbit", "3mbit"):
             a.put_class({"name": "gold", "global": rate})
     finally:
@@ -156,7 +156,7 @@ def test_latest_pending_write_per_class_wins(etcd, registries):
 
 def test_a_lease_lost_behind_our_back_is_granted_again(registries):
     a, b = registries("a", ttl_s=3), registries("b")
-    wait(lambda: set(b.view().members) == {"a", "b"}, 2.0)
+    wait(lambda: set(b.view().members) == {"a", "b"}, 5.0)
     old = a._lease
     a.cfg.gateways()[0].revoke(a._lease)           # as if it had expired during a long stall
     # at once (the watch saw its key go), at the latest at the next renewal (every ttl/3 = 1 s)
@@ -168,7 +168,7 @@ def test_a_dead_endpoint_fails_over_to_the_next(etcd, registries):
     reg = Registry(RegistryConfig((("127.0.0.1", 1), *etcd.endpoints), registries.cluster), "a", ("10.0.0.1", 7470), 1)
     try:
         reg.start()
-        wait(lambda: reg.view().reachable and "a" in reg.view().members, 2.0)
+        wait(lambda: reg.view().reachable and "a" in reg.view().members, 5.0)
     finally:
         reg.close()
 
@@ -208,7 +208,7 @@ def test_drlctl_import_writes_the_classes_an_agent_then_sees(tmp_path, etcd, reg
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"imported 2 classes into /drl/{registries.cluster}/classes/"
     a = registries("a")
-    wait(lambda: len(a.view().classes) == 2, 2.0)
+    wait(lambda: len(a.view().classes) == 2, 5.0)
     assert a.view().classes == {
         "gold": {"name": "gold", "global": "50mbit", "match": ["dst=198.51.100.0/24"], "allocator": "gdrl"},
         "silver": {"name": "silver", "global": "20mbit", "allocator": "fps"}}
@@ -228,7 +228,7 @@ def test_an_ipv6_endpoint(registries):
 
 def test_founders_are_the_first_agents_members_and_the_same_for_everyone(registries):
     a, b = registries("a"), registries("b")
-    wait(lambda: set(a.view().members) == set(b.view().members) == {"a", "b"}, 2.0)
+    wait(lambda: set(a.view().members) == set(b.view().members) == {"a", "b"}, 5.0)
     # two agents racing to found a class: one transaction wins, both get its members
     assert a.founders("gold", ("a",)) == ("a",)
     assert b.founders("gold", ("a", "b")) == ("a",)
@@ -236,14 +236,14 @@ def test_founders_are_the_first_agents_members_and_the_same_for_everyone(registr
     a.close()
     b.close()
     c = registries("c")            # the whole cluster replaced: none of the founders is registered
-    wait(lambda: set(c.view().members) == {"c"}, 2.0)
+    wait(lambda: set(c.view().members) == {"c"}, 5.0)
     assert c.founders("gold", ("c",)) == ("c",)
     assert "genesis" not in " ".join(c.view().bad_keys)
 
 
 def test_a_node_id_taken_by_another_agent_is_refused_and_a_previous_life_is_not(etcd, registries):
     a = registries("a")
-    wait(lambda: "a" in a.view().members, 2.0)
+    wait(lambda: "a" in a.view().members, 5.0)
     twin = registries("a")                       # the fixture gives it another gossip address
     wait(lambda: "registered by another agent at 10.0.0.1:7470" in twin.view().error, 3.0)
     assert not twin.view().reachable and a.view().members["a"].addr == ("10.0.0.1", 7470)
@@ -265,9 +265,9 @@ def test_a_member_key_deleted_by_hand_is_written_again_by_its_live_agent(etcd, r
 
     registries("a")
     b = registries("b")
-    wait(lambda: set(b.view().members) == {"a", "b"}, 2.0)
+    wait(lambda: set(b.view().members) == {"a", "b"}, 5.0)
     gw, key = Gateway(etcd.endpoints[0], None, 5.0), f"/drl/{registries.cluster}/members/a"
     gw.delete(key)
-    back = wait(lambda: gw.get(key) is not None, 1.5)
-    wait(lambda: "a" in b.view().members and b.view().lost == {}, 1.0)
+    back = wait(lambda: gw.get(key) is not None, 4.0)      # at once (a busy machine: seconds), not 12 s
+    wait(lambda: "a" in b.view().members and b.view().lost == {}, 3.0)
     print(f"member key deleted by hand: back after {back:.2f} s")

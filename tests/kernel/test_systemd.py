@@ -233,8 +233,8 @@ def test_unit_under_systemd_keeps_the_limit_through_watchdog_reload_and_restart(
             # reload: the new limit applies, the agent stays the same process
             pid = unit.main_pid()
             ct.write(conf, config(RELOADED, iface))
+            unit.systemctl("reload")                  # returns once drl-agent reload (ExecReload) has answered
             t = time.monotonic()
-            unit.systemctl("reload")
             limit[t + 1.0] = RELOADED                 # one tick and the bucket's drain
             time.sleep(4)
             assert unit.main_pid() == pid
