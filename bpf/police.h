@@ -235,7 +235,7 @@ static __always_inline __u64 police(__u32 class_id, __u64 len, __u64 now)
  * While shaped, the class's own bucket is kept empty (tat = now): when the config goes
  * stale, the fail-safe policer starts from nothing beside what the HTB leaf still holds,
  * not from a full bucket on top of that backlog (a killed shaped host sent 470-500 kB
- * beyond G x T with the two together: docs/lab.md "drl-lab run envelope").  tat is
+ * beyond G x T with the two together: bench/RESULTS.md "Envelope, measured").  tat is
  * written once in SHAPE_EMPTY_NS at most, so shaped packets rarely write its line.
  * 1 = shaped. */
 static __always_inline int shape(struct __sk_buff *skb, __u32 class_id, __u64 now)

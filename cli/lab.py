@@ -83,8 +83,6 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
       drl-lab run ./mine.toml --out /tmp/mine
       drl-lab run baseline --on vagrant --allocator fps --duration 30s
     """
-    if on == "vagrant" and repeat and repeat > 1:
-        raise click.UsageError("--repeat is not supported with --on vagrant (each run boots its VMs): run it again")
     require_extra("lab", "numpy", "matplotlib")
     from drl.lab.registry import resolve
     from drl.lab.runner import run_experiment
@@ -93,6 +91,10 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
         exp = resolve(name_or_file)
         if duration:
             exp = exp.scaled(duration)
+        runs = repeat or exp.repeat
+        if on == "vagrant" and runs > 1:
+            raise click.UsageError(f"--on vagrant runs each allocator once (each run boots its VMs), "
+                                   f"not {runs} times: pass --repeat 1 and run it again")
         if on == "vagrant":   # one run per allocator: each boots its VMs
             from drl.lab.vagrant import run_on_vagrant
             summary = run_on_vagrant(exp, out or Path("results") / exp.name, list(allocators) or None, _progress)

@@ -1,6 +1,6 @@
-"""Genesis shares and who holds a down member's ([Stanojevic09] §IV "Node Failures"):
-the amount a member is endowed with at genesis, its best friend (heir) while it is down,
-the claims an heir makes and the returns it owes when the member is back.
+"""Genesis shares, and who holds a down member's share ([Stanojevic09] §IV "Node Failures"):
+what each member is endowed with at genesis, its best friend (heir) while it is down, what an
+heir claims, and what it returns when the member is back.
 
     >>> share(10, ("a", "b", "c"), "a"), share(10, ("a", "b", "c"), "b")
     (4, 3)

@@ -62,8 +62,8 @@ Choices where the paper leaves room, each explained at its code:
   whose limit line 9 set to that demand, is refused by its own bursts, and
   the hold handed it the fair share it did not use: in the simulator's
   churn run (1,000 limiters, Poisson arrivals) the aggregate fell to 0.935
-  of the limit, against 0.976 with no hold (docs/sim.md).  So refusals
-  renew a hold only once it has paid, i.e. demand grew past 1.5 x what it
+  of the limit, against 0.976 with no hold (bench/RESULTS.md "churn").  So
+  refusals renew a hold only once it has paid, i.e. demand grew past 1.5 x what it
   was when the hold began (a sender took the room: a BBR newcomer grows
   several times); a hold that ran out unpaid allows none for 3 s x 4^k
   after the k-th such hold in a row, at most 60 s (churn: 0.970).

@@ -47,7 +47,10 @@ class ClientDatapathPort(DatapathPort, Protocol):
 
 class ShaperPort(Protocol):
     """Shape mode: a class's bucket rate queued in an HTB class of its own."""
-    rates: Mapping[int, float]        # class id -> the HTB rate written, bytes/s
+    @property
+    def rates(self) -> Mapping[int, float]:
+        """Class id -> the HTB rate written, bytes/s (read-only: a Shaper's is a property)."""
+        ...
 
     def set_rate(self, class_id: int, limit_Bps: float, burst_bytes: int | None = None) -> int: ...
     def discard(self, class_id: int) -> None: ...

@@ -75,9 +75,10 @@ TC_H_ROOT = 0xFFFFFFFF
 
 
 def tc_request(sock: socket.socket, kind: int, flags: int, ifindex: int, handle_: int, parent: int,
-             attrs: list[tuple[int, bytes]], dump: bool = False) -> list[tuple[int, bytes]]:
-    """Send one tc request and wait for its ACK (or, ``dump``, the whole dump)."""
-    body = TCMSG.pack(socket.AF_UNSPEC, ifindex, handle_, parent, 0) + b"".join(attr(k, v) for k, v in attrs)
+               options: list[tuple[int, bytes]], dump: bool = False) -> list[tuple[int, bytes]]:
+    """Send one tc request (``options``: its attributes, kind and value) and wait for its ACK
+    (or, ``dump``, the whole dump)."""
+    body = TCMSG.pack(socket.AF_UNSPEC, ifindex, handle_, parent, 0) + b"".join(attr(k, v) for k, v in options)
     flags |= NLM_F_DUMP if dump else NLM_F_ACK          # (DUMP's bits overlap EXCL's: never both)
     return list(replies(sock, send(sock, kind, flags, body)))
 

@@ -342,7 +342,7 @@ class Shaper:
         self._ipr.tc("replace-class", "htb", self._ifindex, handle(class_id), parent=HTB_MAJOR << 16,
                      rate=rate, ceil=rate, burst=burst, cburst=burst, quantum=QUANTUM)
         tc_request(self._nl, RTM_NEWQDISC, NLM_F_CREATE | NLM_F_REPLACE, self._ifindex, leaf_handle(class_id),
-                 handle(class_id), [(TCA_KIND, b"bfifo\0"), (TCA_OPTIONS, struct.pack("=I", queue_limit(rate, burst)))])
+                   handle(class_id), [(TCA_KIND, b"bfifo\0"), (TCA_OPTIONS, struct.pack("=I", queue_limit(rate, burst)))])
 
     def _delete_class(self, class_id: int) -> None:
         """Raw: pyroute2's htb plugin wants a rate to encode even a delete.  The leaf goes with it."""

@@ -6,6 +6,7 @@ import time
 from click.testing import CliRunner
 
 from drl.cli.lab import _guarded, main, render
+from drl.lab.registry import builtin
 
 
 def test_list_shows_every_builtin():
@@ -40,9 +41,15 @@ def test_bad_duration_is_a_usage_error():
     assert res.exit_code == 2 and "duration" in res.output
 
 
-def test_repeat_on_vagrant_is_refused_before_anything_boots():
+def test_repeat_on_vagrant_is_refused_before_anything_boots(tmp_path):
     res = CliRunner().invoke(main, ["run", "baseline", "--on", "vagrant", "--repeat", "2"])
-    assert res.exit_code == 2 and "--repeat is not supported with --on vagrant" in res.output
+    assert res.exit_code == 2 and "runs each allocator once" in res.output and "not 2 times" in res.output
+    # A file's own repeat too, and --repeat 1 is the way out of it.
+    mine = tmp_path / "mine.toml"
+    mine.write_text(builtin()["baseline"].read_text()
+                    .replace("\nrepeat = ", "\nrepeat = 3 #", 1))
+    res = CliRunner().invoke(main, ["run", str(mine), "--on", "vagrant"])
+    assert res.exit_code == 2 and "not 3 times" in res.output
 
 
 def _run(alloc, jain, shares):
