@@ -38,6 +38,8 @@ from drl.agent import logs
 MAX_REQUEST = 4096
 CONN_TIMEOUT_S = 5.0        # a client that has not sent its request (or read its reply) by then is dropped
 MAX_CONNS = 16              # connections in progress; a new one beyond them closes the oldest
+BACKLOG = 64                # connections waiting for accept(): pollers queue up while the agent compiles
+CONNECT_RETRY_S = 0.05      # a client's wait between tries while that queue is full
 
 log = logs.get_logger("drl.agent")
 
@@ -46,12 +48,34 @@ class ControlError(Exception):
     """One line for the user: no agent at that socket, bad reply, ..."""
 
 
+def _connect(path: str, timeout_s: float) -> socket.socket:
+    """A connected socket, waiting up to ``timeout_s`` for room in the agent's accept queue.
+
+    An agent that does not accept (compiling its program at start, or stopped) leaves the
+    connections it was sent in its queue, even those whose clients gave up; once the queue is
+    full, a Unix socket with a timeout fails connect() with EAGAIN at once instead of waiting."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout_s)
+        try:
+            s.connect(path)
+            return s
+        except BlockingIOError:
+            s.close()
+            if time.monotonic() + CONNECT_RETRY_S > deadline:
+                raise socket.timeout from None
+            time.sleep(CONNECT_RETRY_S)
+        except BaseException:
+            s.close()
+            raise
+
+
 def request(path: str, cmd: str, timeout_s: float = 3.0, **args) -> dict:
     """Send one command (with its ``args``) to the agent at ``path`` and return its reply."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout_s)
+    s = None
     try:
-        s.connect(path)
+        s = _connect(path, timeout_s)
         s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
         s.shutdown(socket.SHUT_WR)
         data = b"".join(iter(lambda: s.recv(65536), b""))
@@ -66,7 +90,8 @@ def request(path: str, cmd: str, timeout_s: float = 3.0, **args) -> dict:
     except socket.timeout:
         raise ControlError(f"the agent on {path} did not answer within {timeout_s:g} s") from None
     finally:
-        s.close()
+        if s is not None:
+            s.close()
     try:
         reply = json.loads(data)
     except ValueError:
@@ -105,7 +130,7 @@ class ControlServer:
             self.sock.close()
             raise ControlError(f"cannot create control socket {path}: {e.strerror}") from None
         os.chmod(path, 0o600)
-        self.sock.listen(8)
+        self.sock.listen(BACKLOG)
         self.sock.setblocking(False)
         self._epoll = select.epoll()
         self._epoll.register(self.sock.fileno(), select.EPOLLIN)
@@ -232,8 +257,11 @@ def answer(raw: bytes, handlers: dict[str, Callable[[dict], dict]]) -> dict:
 
 def _is_live(path: str) -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
     try:
         s.connect(path)
+        return True
+    except BlockingIOError:     # its accept queue is full: an agent listens there, busy (compiling)
         return True
     except OSError:
         return False

@@ -203,3 +203,71 @@ def test_an_agent_that_dies_before_its_reply_is_a_control_error(tmp_path):
     finally:
         thread.join()
         srv.close()
+
+
+def _full_queue(path: str) -> tuple[socket.socket, list[socket.socket]]:
+    """A listener that never accepts, its accept queue filled (an agent compiling at start)."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(0)
+    queued = []
+    while True:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.setblocking(False)
+        try:
+            c.connect(path)
+        except BlockingIOError:
+            c.close()
+            return srv, queued
+        queued.append(c)
+
+
+def test_a_full_accept_queue_is_waited_out_then_a_control_error(tmp_path):
+    """connect() on a full queue fails at once with EAGAIN: the client waits for room up to its
+    timeout and then says the agent did not answer, never BlockingIOError."""
+    path = str(tmp_path / "busy.sock")
+    srv, queued = _full_queue(path)
+    try:
+        with pytest.raises(ControlError, match="did not answer within 0.3 s"):
+            request(path, "status", timeout_s=0.3)
+    finally:
+        for c in queued:
+            c.close()
+        srv.close()
+
+
+def test_a_client_gets_its_answer_once_the_agent_drains_its_queue(tmp_path):
+    path = str(tmp_path / "late.sock")
+    srv, queued = _full_queue(path)
+
+    def start_late():      # the agent's loop begins: it accepts what queued, then answers
+        threading.Event().wait(0.3)
+        srv.settimeout(3.0)
+        for _ in range(len(queued) + 1):
+            conn, _ = srv.accept()
+            if conn.recv(4096):
+                conn.sendall(b'{"ok": true, "status": {"node_id": "n1"}}\n')
+            conn.close()
+
+    thread = threading.Thread(target=start_late, daemon=True)
+    thread.start()
+    try:
+        for c in queued:       # the clients that gave up while it compiled
+            c.close()
+        assert request(path, "status", timeout_s=2.0)["status"] == {"node_id": "n1"}
+    finally:
+        thread.join(5.0)
+        srv.close()
+
+
+def test_a_busy_agent_with_a_full_queue_is_still_a_live_agent(tmp_path):
+    """A second agent on the socket of one that compiles must neither hang nor take its socket."""
+    path = str(tmp_path / "busy.sock")
+    srv, queued = _full_queue(path)
+    try:
+        with pytest.raises(ControlError, match="another agent is already running"):
+            ControlServer(path)
+    finally:
+        for c in queued:
+            c.close()
+        srv.close()
