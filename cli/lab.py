@@ -91,11 +91,11 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
         exp = resolve(name_or_file)
         if duration:
             exp = exp.scaled(duration)
-        runs = repeat or exp.repeat
-        if on == "vagrant" and runs > 1:
-            raise click.UsageError(f"--on vagrant runs each allocator once (each run boots its VMs), "
-                                   f"not {runs} times: pass --repeat 1 and run it again")
         if on == "vagrant":   # one run per allocator: each boots its VMs
+            runs = repeat or exp.repeat
+            if runs > 1:
+                raise click.UsageError(f"--on vagrant runs each allocator once (each run boots its VMs), "
+                                       f"not {runs} times: pass --repeat 1 and run it again")
             from drl.lab.vagrant import run_on_vagrant
             summary = run_on_vagrant(exp, out or Path("results") / exp.name, list(allocators) or None, _progress)
         else:
