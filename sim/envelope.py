@@ -13,8 +13,8 @@ an equal share of G (the depths sum to D, as the agent keeps them).  G is 10 Gbi
 is the policer's 300 ms of G rather than N floors of 128 KiB (at 50 Mbit/s and 1,000 hosts the
 floors alone are 21 s of G, and no window could break the envelope).
 
-Measured: the envelope (lab/metrics.py's) over the whole run and in each phase: busy, idle,
-restart (from the restart to the end); the claim is a ratio <= 1 everywhere.
+Measured: the envelope (lab/metrics.py's) over the whole run and in each phase: startup (the
+warm-up), busy, idle, restart (from the restart to the end); the claim is a ratio <= 1 everywhere.
 """
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ def groups(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.sort(order[:third]), np.sort(order[third:n - third]), np.sort(order[n - third:])
 
 
-def schedule(n: int) -> dict[str, float]:
+def schedule(n: int, branching: int = BRANCHING) -> dict[str, float]:
     """Phase boundaries in seconds from the start: a gossip cycle and SETTLE_S of warm-up first."""
-    cycle_s = math.ceil((n - 1) / min(BRANCHING, n - 1)) * INTERVAL_S
+    cycle_s = math.ceil((n - 1) / min(branching, n - 1)) * INTERVAL_S
     warm = cycle_s + SETTLE_S
     return {"warm_s": warm, "stop_s": warm + BUSY_S, "restart_s": warm + BUSY_S + IDLE_S,
             "end_s": warm + BUSY_S + IDLE_S + AFTER_S}
@@ -65,9 +65,10 @@ def budget(n: int) -> tuple[int, int]:
     return d, burst.host_depth(GLOBAL_Bps / n, GLOBAL_Bps, n, d, ENFORCE)
 
 
-def simulate(n: int, opts: Options) -> dict:
+def simulate(n: int, opts: Options, branching: int = BRANCHING) -> dict:
+    """One run; ``branching``: gossip targets per interval (bench/envelope.py compares them)."""
     busy, restarting, idle = groups(n, opts.seed)
-    when = schedule(n)
+    when = schedule(n, branching)
     rng = np.random.default_rng([opts.seed, n, 1])
     per_busy = rng.integers(1, 4, n)                            # 1-3 flows on every node that has any
     node = np.concatenate([np.repeat(busy, per_busy[busy]), np.repeat(restarting, per_busy[restarting]),
@@ -78,13 +79,14 @@ def simulate(n: int, opts: Options) -> dict:
     stop = np.concatenate([np.full(len(node) - 2 * k, np.inf), np.full(k, when["stop_s"]), np.full(k, np.inf)])
     d, depth = budget(n)
     tcp = TcpFluid(Flows.build(node, rtt_s=RTT_S, start_s=start, stop_s=stop), n, rng, bucket_bytes=depth)
-    setup = Setup(allocator="fps", n_nodes=n, global_Bps=GLOBAL_Bps, interval_s=INTERVAL_S, branching=BRANCHING,
+    setup = Setup(allocator="fps", n_nodes=n, global_Bps=GLOBAL_Bps, interval_s=INTERVAL_S, branching=branching,
                   delay_s=RTT_S / 2, seed=opts.seed)
     sim = Simulation(setup, tcp)
     ticks = round(when["end_s"] / INTERVAL_S)
-    trace = sim.run(ticks, progress=opts.progress.task(f"envelope fps N={n}"))
+    trace = sim.run(ticks, progress=opts.progress.task(f"envelope fps N={n} branching {branching}"))
     delivered = trace.delivered_Bps
-    phases = {"whole": (0.0, when["end_s"]), "measured": (when["warm_s"], when["end_s"]),
+    phases = {"whole": (0.0, when["end_s"]), "startup": (0.0, when["warm_s"]),
+              "measured": (when["warm_s"], when["end_s"]),
               "busy": (when["warm_s"], when["stop_s"]), "idle": (when["stop_s"], when["restart_s"]),
               "restart": (when["restart_s"], when["end_s"])}
     envelopes = {}
@@ -92,15 +94,22 @@ def simulate(n: int, opts: Options) -> dict:
         a, b = round(lo / INTERVAL_S), round(hi / INTERVAL_S)
         envelopes[name] = envelope(delivered[a:b], INTERVAL_S, GLOBAL_Bps, d, a * INTERVAL_S)
     per = round(1.0 / INTERVAL_S)
-    seconds = delivered[:ticks // per * per].reshape(-1, per).mean(axis=1)
-    return {"allocator": "fps", "limiters": n, "busy": len(busy), "busy_idle_busy": len(restarting), "idle": len(idle),
+    seconds = _seconds(delivered, per)
+    return {"allocator": "fps", "limiters": n, "branching": branching,
+            "busy": len(busy), "busy_idle_busy": len(restarting), "idle": len(idle),
             "flows": int(len(node)), "enforce": ENFORCE, "budget_bytes": d, "host_depth_bytes": depth,
             **{k: round(v, 3) for k, v in when.items()},
             "envelope": envelopes["whole"], "envelopes": envelopes,
             "max_window_ratio_1s": float(seconds.max() / GLOBAL_Bps),
             "limit_sum_over_limit_max": float(trace.limit_sum_Bps[round(when["warm_s"] / INTERVAL_S):].max()
                                               / GLOBAL_Bps),
-            "series": {"t_s": (np.arange(len(seconds)) + 1.0).tolist(), "aggregate_bps": (seconds * 8).tolist()}}
+            "series": {"t_s": (np.arange(len(seconds)) + 1.0).tolist(), "aggregate_bps": (seconds * 8).tolist(),
+                       "limit_sum_bps": (_seconds(trace.limit_sum_Bps, per) * 8).tolist()}}
+
+
+def _seconds(series: np.ndarray, per: int) -> np.ndarray:
+    """1-s means of a per-tick series (the incomplete last second left out)."""
+    return series[:len(series) // per * per].reshape(-1, per).mean(axis=1)
 
 
 def run(opts: Options) -> dict:
@@ -120,7 +129,8 @@ def plot(row: dict, opts: Options) -> None:
     s = row["series"]
     e = row["envelope"]
     rate = Panel(f"aggregate (1-s means); worst window {e['ratio']:.3f} of G T + D", "seconds", "Gbit/s",
-                 [Line("FPS", s["t_s"], [v * 1e-9 for v in s["aggregate_bps"]], "-")], hline=limit)
+                 [Line("FPS", s["t_s"], [v * 1e-9 for v in s["aggregate_bps"]], "-"),
+                  Line("sum of local limits", s["t_s"], [v * 1e-9 for v in s["limit_sum_bps"]], "--")], hline=limit)
     for key, style in (("stop_s", ":k"), ("restart_s", ":g")):
         rate.lines.append(Line(key.removesuffix("_s"), [row[key]] * 2, [0, 1.5 * limit], style))
     rate.lines.append(Line("worst envelope window", [e["at_s"], e["at_s"] + e["window_s"]], [limit * 1.4] * 2, "-r"))

@@ -40,11 +40,13 @@ def test_busy_idle_busy_at_30_limiters_reports_the_envelope_per_phase(tmp_path):
     (row,) = result["rows"]
     assert (row["busy"], row["busy_idle_busy"], row["idle"]) == (10, 10, 10)
     phases = row["envelopes"]
-    assert set(phases) == {"whole", "measured", "busy", "idle", "restart"}
+    assert set(phases) == {"whole", "startup", "measured", "busy", "idle", "restart"}
+    assert row["branching"] == env.BRANCHING and len(row["series"]["limit_sum_bps"]) == len(row["series"]["t_s"])
     assert row["envelope"] == phases["whole"] and row["envelope"]["budget_bytes"] == burst.budget(env.GLOBAL_Bps, 30)
     # every phase's windows are windows of the whole run
     assert all(p["ratio"] <= phases["whole"]["ratio"] + 1e-9 for p in phases.values())
     assert row["restart_s"] <= phases["restart"]["at_s"] < row["end_s"]
+    assert phases["startup"]["at_s"] + phases["startup"]["window_s"] <= row["warm_s"] + 1e-9
     # two thirds silent: the idle phase is the one that cannot come near the envelope
     assert phases["idle"]["ratio"] < min(phases["busy"]["ratio"], phases["restart"]["ratio"])
     assert result["claims"]["envelope_ratio"] == phases["whole"]["ratio"]
