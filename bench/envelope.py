@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ def cell(n: int, branching: int, seed: int, quiet: bool) -> dict:
     warm, restart = round(row["warm_s"]), round(row["restart_s"])
     ratio = lambda phase: row["envelopes"][phase]["ratio"]       # noqa: E731
     return {"limiters": n, "branching": branching,
-            "cycle_s": math.ceil((n - 1) / min(branching, n - 1)) * env.INTERVAL_S,
+            "cycle_s": env.cycle_s(n, branching),
             "startup": ratio("startup"), "busy": ratio("busy"), "restart": ratio("restart"),
             "startup_limit_sum": max(sums[:warm]) / (env.GLOBAL_Bps * 8),
             "restart_limit_sum": max(sums[restart:]) / (env.GLOBAL_Bps * 8),

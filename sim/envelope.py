@@ -18,11 +18,11 @@ warm-up), busy, idle, restart (from the restart to the end); the claim is a rati
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from drl.agent import burst
+from drl.agent.gossip.core import cycle_rounds
 from drl.agent.units import parse_rate
 
 from .engine import Setup, Simulation
@@ -51,10 +51,14 @@ def groups(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.sort(order[:third]), np.sort(order[third:n - third]), np.sort(order[n - third:])
 
 
+def cycle_s(n: int, branching: int = BRANCHING) -> float:
+    """One gossip cycle: the time in which every limiter has updated each of its N - 1 peers once."""
+    return cycle_rounds(n - 1, branching) * INTERVAL_S
+
+
 def schedule(n: int, branching: int = BRANCHING) -> dict[str, float]:
     """Phase boundaries in seconds from the start: a gossip cycle and SETTLE_S of warm-up first."""
-    cycle_s = math.ceil((n - 1) / min(branching, n - 1)) * INTERVAL_S
-    warm = cycle_s + SETTLE_S
+    warm = cycle_s(n, branching) + SETTLE_S
     return {"warm_s": warm, "stop_s": warm + BUSY_S, "restart_s": warm + BUSY_S + IDLE_S,
             "end_s": warm + BUSY_S + IDLE_S + AFTER_S}
 
