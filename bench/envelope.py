@@ -37,16 +37,28 @@ def cell(n: int, branching: int, seed: int, quiet: bool) -> dict:
             "row": row}
 
 
+def _ints(low: int):
+    """An argparse type: comma-separated integers, each >= low (a bad one is argparse's one-line error)."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+        if min(values) < low:
+            raise argparse.ArgumentTypeError(f"every value must be >= {low}, got {text!r}")
+        return values
+    return parse
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limiters", default="300,1000", help="Ns, comma-separated")
-    ap.add_argument("--branching", default="3,16", help="gossip branchings, comma-separated")
+    ap.add_argument("--limiters", type=_ints(3), default="300,1000", help="Ns, comma-separated (>= 3)")
+    ap.add_argument("--branching", type=_ints(1), default="3,16", help="gossip branchings, comma-separated")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, help="write every cell's rows as cells.json here")
     ap.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     args = ap.parse_args()
-    cells = [cell(int(n), int(b), args.seed, args.quiet)
-             for n in args.limiters.split(",") for b in args.branching.split(",")]
+    cells = [cell(n, b, args.seed, args.quiet) for n in args.limiters for b in args.branching]
     print("| N | branching | gossip cycle | start-up | busy | restart | limits' sum: start-up | restart |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in cells:
