@@ -18,7 +18,6 @@ warm-up), busy, idle, restart (from the restart to the end); the claim is a rati
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from drl.agent import burst
