@@ -126,25 +126,63 @@ static __always_inline __u64 sliding(const struct client_window *w, __u64 window
 	return w->cur + ((w->prev * weight) >> 16);
 }
 
+/* A client whose count just reached its class's line is held at the class's
+ * hold price, T/N, from its next packet on, until the agent's next tick
+ * writes its share or lets it go (docs/clients.md "Held at the line"): the
+ * agent reacts a tick or two later, and a client spread over N hosts passes
+ * its threshold in well under a tick at the class's rate.  The bucket starts
+ * in debt for what the packet that reached the line took beyond it (over,
+ * at most the packet's units: a 64 KB GSO skb is 0.4 of a 1 Mbit line), so
+ * that a host passes at most its line before the hold and T/N after; an
+ * entry the agent wrote is left as it is (NOEXIST). */
+static __always_inline void hold_client(const struct class_config *c, struct client_key *ck, __u64 over, __u64 now)
+{
+	__u64 debt = cost_ns(over, c->client_hold_ns_per_unit);
+	struct client_bucket held = { .gcra = { .tat = now + (debt < c->client_hold_depth_ns ? debt : c->client_hold_depth_ns),
+						.ns_per_byte = c->client_hold_ns_per_unit },
+				      .ns_per_unit = c->client_hold_ns_per_unit, .depth_ns = c->client_hold_depth_ns,
+				      .safe_ns_per_unit = c->client_hold_ns_per_unit,
+				      .safe_depth_ns = c->client_hold_depth_ns };
+
+	client_limits.insert(ck, &held);
+}
+
+/* The client's count reached the class's line with a packet of units (count:
+ * the count with it): into client_heavy for the agent, and held (hold_client)
+ * when the class holds.  1 = held: the client's window must not say it is
+ * clear of buckets. */
+static __always_inline int reach_line(const struct class_config *c, struct client_key *ck, __u64 count,
+				      __u64 units, __u64 now)
+{
+	__u64 over = count - c->client_line;
+	__u8 one = 1;
+
+	client_heavy.update(ck, &one);
+	if (!c->client_hold_ns_per_unit)
+		return 0;
+	hold_client(c, ck, over < units ? over : units, now);
+	return 1;
+}
+
 /* Add units to the client's window w (NULL: no entry yet, made here; NOEXIST:
  * if another CPU made it first, add to that one), keep clear_gen (see
- * clients), and put the client in client_heavy the first time in a window its
- * count reaches the class's line: the agent looks at it from its next tick
- * until its count has faded to 0. */
+ * clients), and the first time in a window its count reaches the class's
+ * line, reach_line: the agent looks at it from its next tick until its count
+ * has faded to 0. */
 static __always_inline void count_client(const struct class_config *c, struct client_window *w,
 					 struct client_key *ck, __u64 units, __u32 clear_gen, __u64 now)
 {
 	__u64 index = now / c->client_window_ns;
-	__u8 one = 1;
 
 	if (!w) {
-		struct client_window fresh = { .index = index, .cur = units, .clear_gen = clear_gen };
+		int heavy = c->client_line && units >= c->client_line;
+		struct client_window fresh = { .index = index, .cur = units, .clear_gen = clear_gen,
+					       .flagged = heavy ? index + 1 : 0 };
 
-		if (client_windows.insert(ck, &fresh) == 0) {
-			if (units >= c->client_line && c->client_line)
-				client_heavy.update(ck, &one);
+		if (heavy && reach_line(c, ck, units, units, now))
+			fresh.clear_gen = 0;
+		if (client_windows.insert(ck, &fresh) == 0)
 			return;
-		}
 		w = client_windows.lookup(ck);
 		if (!w)
 			return;
@@ -154,9 +192,14 @@ static __always_inline void count_client(const struct class_config *c, struct cl
 	roll(w, index);
 	if (units)
 		__sync_fetch_and_add(&w->cur, units);
-	if (w->flagged != index + 1 && c->client_line && sliding(w, c->client_window_ns, index, now) >= c->client_line) {
+	if (w->flagged != index + 1 && c->client_line) {
+		__u64 count = sliding(w, c->client_window_ns, index, now);
+
+		if (count < c->client_line)
+			return;
 		w->flagged = index + 1;
-		client_heavy.update(ck, &one);
+		if (reach_line(c, ck, count, units, now))
+			w->clear_gen = 0;
 	}
 }
 

@@ -125,7 +125,8 @@ struct class_config {
 	__u32 client_mask6[4];     /* the same for IPv6 */
 	__u64 client_window_ns;    /* the threshold's sliding window (clients.h count_client) */
 	__u64 client_line;         /* a client whose count reaches it goes into client_heavy; in the measure's units */
-	__u64 pad1[2];
+	__u64 client_hold_ns_per_unit;  /* and is held at T/N from then on (clients.h hold_client); 0 = not */
+	__u64 client_hold_depth_ns;
 };
 
 /* A token bucket as virtual time (police.h take_tokens), a class's or a client's. */
@@ -244,9 +245,10 @@ struct client_window {
 	__u32 pad0;
 };
 
-/* client_limits: a throttled client's bucket.  The prices and depths are written by
+/* client_limits: a held or throttled client's bucket.  The prices and depths are written by
  * agent/kernel/client_maps.py set_client_limits (agent/kernel/bucket.py unit_times, per unit of the
- * class's client_measure); gcra is the program's, set empty (tat = now) on a new entry. */
+ * class's client_measure), or by the program at the class's hold price (clients.h hold_client);
+ * gcra is the program's, set empty (tat = now) on a new entry. */
 struct client_bucket {
 	struct gcra gcra;
 	__u64 ns_per_unit;         /* the client's share of the threshold as a price; 0 = rate 0 */

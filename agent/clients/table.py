@@ -16,7 +16,8 @@ How the pieces fit (docs/clients.md has the whole design, kernel included)::
     table = ClientTable(rule, max_age_s=0.5, start_s=now)
     # every interval: the counter deltas the kernel counted per client prefix
     tick = table.tick(now, {rule.key.client_of("198.51.100.7"): 1500.0, ...}, n_hosts=3)
-    tick.limits      # throttled clients -> this host's share (count per window)
+    tick.limits      # held and throttled clients -> this host's share (count per window)
+    tick.throttled   # those of them over the threshold
     tick.bans        # banned clients -> until (seconds, the caller's clock)
     tick.report      # what to gossip: top-K heavy clients and ban notes
     # whenever a peer's report arrives
@@ -27,22 +28,24 @@ socket, a map or the clock, so the agent and a simulator can run it alike.
 The table is a mutable object for speed (100,000 clients per class), but its
 methods depend on their arguments and its own state only.
 
-**Over the threshold before the hosts know about each other.**  No host holds
-a client back on a guess: a client is limited once what a host knows of it
-(its own sliding count plus its peers' fresh reports) reaches the threshold.
-Reports carry every client at or above half a fair share of the threshold
-locally (``REPORT_FRACTION`` x threshold / N) and, once any host reports a
-client, every host that sees it at all.  With reports sent to every alive
-peer each interval I and a one-way gossip delay d, a client whose summed
-count crosses the threshold is limited on every host **one tick** after the
-crossing tick when each host holding it is at or above that line (within
-2 I + d of the crossing), **two ticks** after it otherwise (3 I + 2 d).
-What it gets above the threshold is its excess rate over that time (0.2 to
-0.3 s at I = 100 ms), plus the sliding window's error (:func:`sliding_count`).
-The alternative, a first local share of threshold/N for every client not yet
-heard of, never lets a spread client over the threshold but throttles every
-single-host client above threshold/N for a round, which is the common,
-legitimate case; docs/clients.md compares the two.
+**Held at the line.**  A client whose count here reaches the reporting line,
+half a fair share of the threshold (``REPORT_FRACTION`` x threshold / N), is
+held from then on: the kernel gives it a bucket at threshold / N the moment
+its count crosses the line (a throttle rule's ``hold``), and each tick here
+gives it its share of the threshold (:func:`throttle_share`), at most
+threshold / N for its first ``YOUNG_TICKS`` ticks, while its peers' reports of
+it are on their way.  A client spread over N hosts therefore passes at most
+half its threshold before every host holds it, and the threshold from then
+on: a new heavy client's first second stays within 1.5 x its threshold,
+where waiting for the summed count to reach the threshold let 2.3-2.4 x pass
+(the agent's tick comes after the client has passed it, at any class rate
+well above the threshold).  The cost: a client on one host alone between
+threshold / 2N and threshold / N is held at threshold / N for a tick or two,
+and a held client's bursts are cut to its bucket's depth (docs/clients.md).
+A held client is **throttled** (``drlctl clients`` state) once what a host
+knows of it (its own sliding count plus its peers' fresh reports) reaches
+the threshold, and stays so until that falls below ``RELEASE_FRACTION`` of
+it; held but not throttled, it shows ``ok`` with its share.
 
 The rules (``clients.rules``), the sliding windows (``clients.windows``) and the reports with
 their size (``clients.reports``) live in their own modules.
@@ -65,17 +68,20 @@ REPORT_FRACTION = 0.5         # report a client at half a fair share: threshold 
 # rest of the threshold goes in proportion to local demand.
 FLOOR_FRACTION = 0.05
 RELEASE_FRACTION = 0.5        # released below half the threshold: a throttled TCP flow dips under 0.9 (BBR: 1.5x the threshold)
+YOUNG_TICKS = 2               # a new hold's share is at most threshold / N until the peers' reports of it are in
 
 
 @dataclass(frozen=True)
 class ClientTick:
     """What one tick decided for one class."""
-    limits: Mapping[Client, float]      # throttled clients -> this host's share, count per window
+    limits: Mapping[Client, float]      # held clients -> this host's share, count per window
     bans: Mapping[Client, float]        # banned clients -> until_s (the caller's clock)
     issued: tuple[Client, ...]          # bans this host issued on this tick
     report: ClientReport                # to gossip to every alive peer
     resets: frozenset[Client] = frozenset()   # clients whose count starts over (bans, unbans) since the last tick
     line: float = 0.0                   # the reporting line: a client counted at or above it is heavy
+    hold: float = 0.0                   # what the kernel holds a client at from the line on (0: not held)
+    throttled: frozenset[Client] = frozenset()   # held clients over the threshold
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,8 @@ class ClientTable:
         self._lengths = (rule.key.v4_len, rule.key.v6_len)
         self._windows = Windows(rule.window_s, start_s)
         self._peers: dict[str, _Peer] = {}
-        self._limited: set[Client] = set()
+        self._limited: set[Client] = set()          # throttled: over the threshold
+        self._held: dict[Client, int] = {}           # held -> ticks held
         self._bans: dict[Client, _Ban] = {}
         self._local: dict[Client, float] = {}       # this tick's counts of the clients that can matter
         self._heavy: set[Client] = set()             # at or above the reporting line
@@ -170,11 +177,16 @@ class ClientTable:
         """The reporting line: half a fair share of the threshold (REPORT_FRACTION / N)."""
         return REPORT_FRACTION * self.rule.limit / max(1, n_hosts)
 
+    def hold(self, n_hosts: int) -> float:
+        """What the kernel holds a client at from the line on, until a tick writes its share:
+        a fair share of the threshold (a ban rule holds no one)."""
+        return self.rule.limit / max(1, n_hosts) if self.rule.action == "throttle" else 0.0
+
     def wanted(self) -> set[Client]:
         """The clients whose counts the next :meth:`tick_counts` needs besides the newly heavy
         ones: counted last tick (until they fade to 0: the kernel flags a client once per window),
         reported by a peer, or throttled."""
-        return set(self._local).union(self._remote, self._limited)
+        return set(self._local).union(self._remote, self._limited, self._held)
 
     def _tick(self, now_s: float, local: dict[Client, float], n_hosts: int) -> ClientTick:
         """Decide on this host's counts now: heavy ones, and those of peers' clients and throttled."""
@@ -187,7 +199,8 @@ class ClientTable:
         issued = self._decide(now_s, n_hosts)
         bans = {c: b.until_s for c, b in self._bans.items() if b.in_force(now_s)}
         resets, self._resets = frozenset(self._resets), set()
-        return ClientTick(dict(self._shares), bans, tuple(issued), self._report(now_s), resets, line)
+        return ClientTick(dict(self._shares), bans, tuple(issued), self._report(now_s), resets, line,
+                          self.hold(n_hosts), frozenset(self._limited))
 
     def receive(self, peer: str, report: ClientReport, now_s: float) -> int:
         """A peer's report replaces its previous one; returns how many entries were ignored (all of
@@ -232,7 +245,7 @@ class ClientTable:
     def summary(self, now_s: float) -> dict[str, int]:
         """For the class's status: clients counted (in the windows here, or the kernel's that the
         last tick looked at), throttled, banned."""
-        return {"tracked": len(self._windows) or len(self._local), "throttled": len(self._shares),
+        return {"tracked": len(self._windows) or len(self._local), "throttled": len(self._limited),
                 "banned": sum(1 for b in self._bans.values() if b.in_force(now_s))}
 
     # -- inside
@@ -242,7 +255,7 @@ class ClientTable:
         hosts = ([self.node_id] if local > 0 else []) + self._seen.get(client, [])
         share = self._shares.get(client)
         return ClientRow(self.rule.key.network(client), local + remote, local,
-                         "ok" if share is None else "throttled", share, hosts=tuple(hosts))
+                         "throttled" if client in self._limited else "ok", share, hosts=tuple(hosts))
 
     def _valid(self, client: Client) -> bool:
         return self.rule.key.owns(client) and not self.rule.is_exempt(client)
@@ -286,10 +299,11 @@ class ClientTable:
         return self._heavy.union(counted, self._remote, self._limited)
 
     def _decide(self, now_s: float, n_hosts: int) -> list[Client]:
-        """Throttle: enter at the limit, leave below RELEASE_FRACTION of it.  Ban: issue at the
-        limit.  Only clients at or above the reporting line here, reported by a peer, or
-        throttled can be over the limit: the others' local count is all there is of them."""
-        limit, issued = self.rule.limit, []
+        """Throttle: hold from the reporting line here, throttled from the limit until below
+        RELEASE_FRACTION of it.  Ban: issue at the limit.  Only clients at or above the
+        reporting line here, reported by a peer, or throttled can be over the limit: the
+        others' local count is all there is of them."""
+        limit, issued, held = self.rule.limit, [], {}
         self._shares = {}
         for client in self._heavy | set(self._remote) | self._limited:
             local = self._local.get(client, 0.0)
@@ -301,10 +315,15 @@ class ClientTable:
                 continue
             if total >= limit or (client in self._limited and total >= RELEASE_FRACTION * limit):
                 self._limited.add(client)
-                n = max(n_hosts, 1 + len(self._seen.get(client, ())))
-                self._shares[client] = throttle_share(limit, local, total, n)
             else:
                 self._limited.discard(client)
+                if client not in self._heavy:
+                    continue
+            n = max(n_hosts, 1 + len(self._seen.get(client, ())))
+            held[client] = self._held.get(client, 0) + 1
+            share = throttle_share(limit, local, total, n)
+            self._shares[client] = min(share, limit / n) if held[client] <= YOUNG_TICKS else share
+        self._held = held
         return issued
 
     def _issue(self, client: Client, now_s: float) -> None:
@@ -334,6 +353,7 @@ class ClientTable:
         self._windows.clear(client)
         self._resets.add(client)
         self._limited.discard(client)
+        self._held.pop(client, None)
         for report in self._peers.values():
             report.counts.pop(client, None)
         for table in (self._local, self._remote, self._shares):

@@ -3,7 +3,9 @@ clients' buckets, bans, exempt prefixes, and the sliding counts the program keep
 
 The kernel keeps every client's sliding window (clients.h count_client) and flags a
 client whose count reaches the line, so the agent reads the flagged ones and those it
-follows, never all.  Each ``set_client_*`` call replaces the class's whole set.
+follows, never all; in a class that holds, it also gives such a client a bucket at the
+hold rate until the agent writes its own (clients.h hold_client).  Each ``set_client_*``
+call replaces the class's whole set.
 """
 from __future__ import annotations
 
@@ -36,12 +38,15 @@ _EXEMPT_KEY = struct.Struct("=III16s")
 
 class ClientMaps:
     """Datapath's part for the client maps; keeps ``_client_rules``, ``_client_limits``,
-    ``_client_bans``, ``_client_lines`` and ``_client_gen`` (settings.client_gen).  Turns
+    ``_client_bans``, ``_client_lines`` (line, hold) and ``_client_gen`` (settings.client_gen).  Turns
     the ingress filter on and off through the attach part."""
 
-    def set_client_rule(self, class_id: int, rule: ClientRule | None, line: float = 0.0) -> None:
+    def set_client_rule(self, class_id: int, rule: ClientRule | None, line: float = 0.0,
+                        hold: float = 0.0) -> None:
         """Give a class its client rule (None: none); ``line``: a client whose sliding count
-        reaches it is flagged for read_heavy (0: none is).  A rule with another key, measure
+        reaches it is flagged for read_heavy (0: none is); ``hold``: and from then on held at
+        this count per window until set_client_limits lists it or drop_holds lets it go
+        (0: not held).  A rule with another key, measure
         or window than the class's last one drops its limits, bans and counts (they were for
         other clients or units); None drops them and the exempt prefixes.  The ingress filter
         goes on with the first rule whose action is ban and off after the last (when attached)."""
@@ -52,7 +57,7 @@ class ClientMaps:
         if rule is not None and not 0 < round(rule.window_s * 1e9) <= abi.MAX_CLIENT_WINDOW_NS:
             raise DatapathError(f"class {class_id}: a client window of {rule.window_s:g} s is not in "
                                 f"(0, {abi.MAX_CLIENT_WINDOW_NS / 1e9 / 3600:.0f} h]")
-        self._client_lines[class_id] = line
+        self._client_lines[class_id] = (line, _check_hold(class_id, hold))
         if rule == old:
             self._write_client_config(class_id)
             return
@@ -67,7 +72,7 @@ class ClientMaps:
         before = {_exempt_key(class_id, net) for net in (old.exempt if old else ())}
         after = {_exempt_key(class_id, net) for net in (rule.exempt if rule else ())}
         for key in after - before:          # new prefixes first: no packet of the class misses one
-            put(table, table.Key.from_buffer_copy(key), table.Leaf(1))
+            put(table, "client_exempt", table.Key.from_buffer_copy(key), table.Leaf(1))
         if rule is None:
             del self._client_rules[class_id]
             del self._client_lines[class_id]
@@ -83,17 +88,23 @@ class ClientMaps:
                 raise DatapathError(f"cannot {'detach from' if banning else 'attach to'} {self.iface} ingress: "
                                     f"{e.args[-1]}") from None
 
-    def set_client_limits(self, class_id: int, limits: Mapping[Client, tuple[float, float]]) -> None:
-        """The class's throttled clients, in place of the last set: client -> (rate, safe rate)
-        in the rule's unit per second (bytes, packets, connections).  The kernel charges each
+    def set_client_limits(self, class_id: int, limits: Mapping[Client, tuple[float, float]]) -> list[Client]:
+        """The class's held and throttled clients, in place of the last set: client -> (rate,
+        safe rate) in the rule's unit per second (bytes, packets, connections).  The kernel charges each
         packet of a listed client to the client's bucket (clients.h throttle), at the safe
         rate once the class's config is stale; depth: default_burst for bytes, 300 ms of the
-        rate and at least CLIENT_BURST_UNITS otherwise.  A new client's bucket starts empty;
-        a listed one is written again only when a rate moved by more than CLIENT_RATE_CHANGE,
-        keeping its credit or debt (the kernel converts it to the new price)."""
+        rate and at least CLIENT_BURST_UNITS otherwise.  A new client's bucket starts empty,
+        or where the kernel holds it already, as the hold left it; a listed one is written
+        again only when a rate moved by more than CLIENT_RATE_CHANGE, keeping its credit or
+        debt (the kernel converts it to the new price).  The clients no longer listed go
+        first; when the map is full (MAX_CLIENT_LIMITS, the kernel's holds included) the new
+        clients it has no room for are left out, in the order given, and returned: a flood
+        of heavy clients must not stop the agent."""
         rule = self._rule_for(class_id, limits)
         table, old = self._bpf[b"client_limits"], self._client_limits.get(class_id, {})
-        written, fresh = {}, False
+        if limits:                                  # else _replace_clients clears the flag first
+            self._delete_clients(class_id, old.keys() - limits.keys(), table)
+        written, fresh, full = {}, False, []
         for client, rates in limits.items():
             _check_client(class_id, client, rule)
             rates = _rates(class_id, client, rates)
@@ -102,17 +113,28 @@ class ClientMaps:
                 written[client] = was
                 continue
             key = table.Key.from_buffer_copy(_client_key(class_id, client))
-            leaf = table.get(key) if was is not None else None
-            if leaf is None:
-                leaf, fresh = table.Leaf(), True
+            leaf = table.get(key)
+            if leaf is None and full:
+                full.append(client)
+                continue
+            new, leaf = leaf is None, leaf or table.Leaf()
+            if new:
                 leaf.gcra.tat = now_ns()           # empty: the client is over its share already
             leaf.ns_per_unit, leaf.depth_ns = _client_bucket(rule.measure, rates[0])
             leaf.safe_ns_per_unit, leaf.safe_depth_ns = _client_bucket(rule.measure, rates[1])
-            put(table, key, leaf)
+            try:
+                put(table, "client_limits", key, leaf)
+            except DatapathError:
+                if not new:
+                    raise
+                full.append(client)                 # no room: a new entry needs one, an update not
+                continue
+            fresh |= was is None
             written[client] = rates
         self._replace_clients(class_id, self._client_limits, written, table)
         if fresh:
             self._new_client_gen()
+        return full
 
     def set_client_bans(self, class_id: int, bans: Mapping[Client, int]) -> None:
         """The class's banned clients, in place of the last set: client -> until_ns
@@ -127,18 +149,25 @@ class ClientMaps:
             if not 0 <= until_ns < 2**64:
                 raise DatapathError(f"class {class_id}: ban until {until_ns!r} is not a CLOCK_MONOTONIC time in ns")
             if old.get(client) != until_ns:
-                put(table, table.Key.from_buffer_copy(_client_key(class_id, client)), table.Leaf(until_ns))
+                put(table, "client_bans", table.Key.from_buffer_copy(_client_key(class_id, client)),
+                    table.Leaf(until_ns))
                 changed = True
         self._replace_clients(class_id, self._client_bans, dict(bans), table)
         if changed:
             self._new_client_gen()
 
-    def set_client_line(self, class_id: int, line: float) -> None:
-        """The class's heavy line (set_client_rule), when the number of hosts changed."""
+    def set_client_line(self, class_id: int, line: float, hold: float = 0.0) -> None:
+        """The class's heavy line and hold (set_client_rule), when the number of hosts changed."""
         if class_id not in self._client_rules:
             raise DatapathError(f"class {class_id} has no client rule (set_client_rule first)")
-        self._client_lines[class_id] = line
+        self._client_lines[class_id] = (line, _check_hold(class_id, hold))
         self._write_client_config(class_id)
+
+    def drop_holds(self, class_id: int, clients: Iterable[Client]) -> None:
+        """The kernel's holds (set_client_rule's hold) of these clients go, where
+        set_client_limits does not list them: flagged clients the agent let go."""
+        listed = self._client_limits.get(class_id, {})
+        self._delete_clients(class_id, [c for c in clients if c not in listed], self._bpf[b"client_limits"])
 
     def read_heavy(self) -> dict[int, set[Client]]:
         """Per class, the clients the program flagged since the last call: their count reached
@@ -175,20 +204,19 @@ class ClientMaps:
 
     def forget_clients(self, class_id: int, clients: Iterable[Client]) -> None:
         """Their windows go: the next packet of each starts its count from 0."""
-        table = self._bpf[b"client_windows"]
-        for client in clients:
-            try:
-                del table[table.Key.from_buffer_copy(_client_key(class_id, client))]
-            except KeyError:
-                pass
+        self._delete_clients(class_id, clients, self._bpf[b"client_windows"])
 
     def _forget_class_clients(self, class_id: int) -> None:
-        """Every window of the class (its rule changed or went: a slot's next class starts
-        from nothing); one batch read of the map, rare."""
-        table = self._bpf[b"client_windows"]
+        """Every window and hold of the class (its rule changed or went: a slot's next class
+        starts from nothing); one batch read of each map, rare."""
+        self.forget_clients(class_id, self._class_entries(class_id, b"client_windows"))
+        self.drop_holds(class_id, self._class_entries(class_id, b"client_limits"))
+
+    def _class_entries(self, class_id: int, name: bytes) -> list[Client]:
+        table = self._bpf[name]
         keys, values = (table.Key * table.max_entries)(), (table.Leaf * table.max_entries)()
         n = lookup_batch(table, keys, values, table.max_entries)
-        self.forget_clients(class_id, [client for owner, client in _client_keys(keys, n) if owner == class_id])
+        return [client for owner, client in _client_keys(keys, n) if owner == class_id]
 
     def _new_client_gen(self) -> None:
         """After new bans or throttled clients: every client is checked against them again
@@ -214,8 +242,14 @@ class ClientMaps:
             sets.pop(class_id, None)
         if bool(new) != had:
             self._write_client_config(class_id)
-        for client in gone:
-            del table[table.Key.from_buffer_copy(_client_key(class_id, client))]
+        self._delete_clients(class_id, gone, table)
+
+    def _delete_clients(self, class_id: int, clients: Iterable[Client], table) -> None:
+        for client in clients:
+            try:
+                del table[table.Key.from_buffer_copy(_client_key(class_id, client))]
+            except KeyError:
+                pass                                # gone already (or never counted)
 
     def _fill_client(self, cfg, class_id: int) -> None:
         """The class's client fields of a config (limiter.h class_config.client_*)."""
@@ -223,17 +257,20 @@ class ClientMaps:
         if rule is None:
             cfg.client_side = cfg.client_measure = cfg.client_flags = cfg.client_mask4 = 0
             cfg.client_mask6[:] = [0] * 4
-            cfg.client_window_ns = cfg.client_line = 0
+            cfg.client_window_ns = cfg.client_line = cfg.client_hold_ns_per_unit = cfg.client_hold_depth_ns = 0
             return
+        line, hold = self._client_lines.get(class_id, (0.0, 0.0))
         cfg.client_side = abi.CLIENT_SIDES[rule.key.side]
         cfg.client_measure = abi.MEASURES[rule.measure]
-        cfg.client_flags = (abi.CLIENT_HAS_LIMITS * (class_id in self._client_limits)
+        cfg.client_flags = (abi.CLIENT_HAS_LIMITS * (class_id in self._client_limits or hold > 0)
                             | abi.CLIENT_HAS_BANS * (class_id in self._client_bans)
                             | abi.CLIENT_HAS_EXEMPT * bool(rule.exempt))
         cfg.client_mask4 = words(_mask(rule.key.v4_len, 4) + bytes(12))[0]
         cfg.client_mask6[:] = words(_mask(rule.key.v6_len, 16))
         cfg.client_window_ns = round(rule.window_s * 1e9)
-        cfg.client_line = math.ceil(self._client_lines.get(class_id, 0.0))
+        cfg.client_line = math.ceil(line)
+        cfg.client_hold_ns_per_unit, cfg.client_hold_depth_ns = (
+            _client_bucket(rule.measure, hold / rule.window_s) if hold > 0 else (0, 0))
 
     def _write_client_config(self, class_id: int) -> None:
         """The class's client fields into its config as it is (its own fields and stamp
@@ -275,6 +312,12 @@ def _check_client(class_id: int, client: Client, rule: ClientRule) -> None:
     if not isinstance(client, bytes) or not rule.key.owns(client):
         raise DatapathError(f"class {class_id}: {client!r} is not a client of key {rule.key} "
                             "(4 or 16 packed bytes, host bits zero)")
+
+
+def _check_hold(class_id: int, hold: float) -> float:
+    if not 0.0 <= hold < math.inf:
+        raise DatapathError(f"class {class_id}: a hold of {hold!r} is not a finite count >= 0")
+    return float(hold)
 
 
 def _rates(class_id: int, client: Client, rates) -> tuple[float, float]:

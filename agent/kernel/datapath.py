@@ -76,11 +76,12 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 Per-client throttle and ban (docs/clients.md; a client is agent/clients/table.py's
 ``Client``, its packed prefix: 4 or 16 bytes, host bits zero)::
 
-    dp.set_client_rule(0, rule, line)        # a ClientRule (None removes it); line: what is heavy
+    dp.set_client_rule(0, rule, line, hold)  # a ClientRule (None removes it); line: what is heavy, held at hold
     dp.read_heavy()                          # {0: {client, ...}}: newly at or above the line
     dp.client_counts(0, clients)             # {client: its sliding count now}, the rule's unit
     dp.forget_clients(0, clients)            # their counts start over (a ban, an unban)
-    dp.set_client_line(0, line)              # N changed
+    dp.set_client_line(0, line, hold)        # N changed
+    dp.drop_holds(0, clients)                # flagged clients the agent does not hold
     dp.set_client_limits(0, {client: (units_per_s, safe_units_per_s)})   # the throttled ones
     dp.set_client_bans(0, {client: until_ns})          # CLOCK_MONOTONIC, as now_ns()
 
@@ -154,7 +155,7 @@ class Datapath(Attachment, ClassMaps, RuleMaps, ClientMaps, FlowMaps):
         self._client_rules: dict[int, ClientRule] = {}                 # class id -> its rule
         self._client_limits: dict[int, dict[Client, tuple[float, float]]] = {}   # as written
         self._client_bans: dict[int, dict[Client, int]] = {}
-        self._client_lines: dict[int, float] = {}                     # class id -> its heavy line
+        self._client_lines: dict[int, tuple[float, float]] = {}       # class id -> its line and hold
         self._client_gen = 1                        # settings.client_gen: never 0 (clients.h clients)
         self._heavy_bufs = None                     # read_heavy's batch arrays, made on first use
         # flows

@@ -53,12 +53,13 @@ def lookup_batch(table, keys, values, limit: int, delete: bool = False) -> int:
     return total
 
 
-def put(table, key, leaf) -> None:
-    """table[key] = leaf; a full map (or any refusal) as a DatapathError."""
+def put(table, name: str, key, leaf) -> None:
+    """table[key] = leaf; a full map (or any refusal) as a DatapathError naming the map (bcc's
+    tables do not know their names)."""
     try:
         table[key] = leaf
     except Exception as e:      # bcc raises bare Exception; E2BIG: the map is full
-        raise DatapathError(f"cannot write {table._name.decode()} ({table.max_entries} entries): "
+        raise DatapathError(f"cannot write {name} ({table.max_entries} entries): "
                             f"{str(e).splitlines()[0]}") from None
 
 

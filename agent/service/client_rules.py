@@ -10,9 +10,10 @@ The decisions are agent/clients/table.py's (pure); this module only moves counts
 and bans out.  The kernel keeps every client's sliding window and flags a client whose
 count reaches the reporting line, so a tick reads the flagged clients and the few the
 table follows (ClientTable.wanted), never all of them: 100,000 clients cost what their
-heavy ones cost.  The kernel enforces limits and bans by itself (bpf/limiter.c): a
-throttled client's bucket falls back to threshold/N and a ban ends at its time when
-the agent is gone.
+heavy ones cost.  The kernel holds a client at threshold/N from the moment its count
+reaches the line until a tick writes its share or lets it go, and enforces limits and
+bans by itself (bpf/limiter.c): a held client's bucket falls back to threshold/N and a
+ban ends at its time when the agent is gone.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Iterable
 
 from drl.agent import logs
 from drl.agent.clients.rules import ClientRule, Network
-from drl.agent.clients.table import ClientTable
+from drl.agent.clients.table import ClientTable, ClientTick
 from drl.agent.gossip.wire import ClassClients, ClientReports
 
 log = logs.get_logger("drl.agent")
@@ -35,9 +36,12 @@ class ClientRun:
     class_id: int
     rule: ClientRule
     table: ClientTable
-    limits: dict = field(default_factory=dict)     # client -> (units/s, fail-safe units/s)
+    limits: dict = field(default_factory=dict)     # held client -> (units/s, fail-safe units/s)
+    throttled: frozenset = frozenset()             # those of them over the threshold
+    unheld: int = 0                                # held ones the kernel's full map had no room for
     bans: dict = field(default_factory=dict)       # client -> until (ns, CLOCK_MONOTONIC)
     line: float = 0.0                              # the reporting line the kernel flags clients at
+    hold: float = 0.0                              # and holds them at (count per window)
 
     def network(self, client: bytes) -> str:
         return str(self.rule.key.network(client))
@@ -71,30 +75,35 @@ class ClientRules:
         for name, run in wanted.items():
             if name not in self._runs:
                 table = ClientTable(run.conf.client, max_age_s, now, self.node_id)
-                cr = ClientRun(name, run.conf.key, run.class_id, run.conf.client, table, line=table.line(n_hosts))
-                self.dp.set_client_rule(run.class_id, run.conf.client, cr.line)
+                cr = ClientRun(name, run.conf.key, run.class_id, run.conf.client, table, line=table.line(n_hosts),
+                               hold=table.hold(n_hosts))
+                self.dp.set_client_rule(run.class_id, run.conf.client, cr.line, cr.hold)
                 self._runs[name] = cr
         self._by_key = {cr.key: cr for cr in self._runs.values()}
 
     def tick(self, now: float, n_hosts: int, max_age_s: float) -> list[ClassClients]:
         """One interval: the kernel's counts of the clients that matter into every table, its
-        limits, bans, resets and reporting line out; the reports to gossip (classes with
-        nothing to say send nothing)."""
+        limits, bans, resets and reporting line out, the kernel's holds of flagged clients
+        the table let go dropped; the reports to gossip (classes with nothing to say send
+        nothing)."""
         if not self._runs:
             return []
         flagged = self.dp.read_heavy()
         reports = []
         for cr in self._runs.values():
-            wanted = cr.table.wanted() | flagged.get(cr.class_id, set())
+            new = flagged.get(cr.class_id, set())
+            wanted = cr.table.wanted() | new
             counts = self.dp.client_counts(cr.class_id, wanted) if wanted else {}
             cr.table.max_age_s = max_age_s          # follows the membership's liveness timeout
             t = cr.table.tick_counts(now, counts, n_hosts)
-            self._write(cr, t.limits, t.bans, n_hosts)
+            if cr.hold and new - t.limits.keys():      # first: room in the map for the writes
+                self.dp.drop_holds(cr.class_id, new - t.limits.keys())
+            self._write(cr, t, n_hosts)
             if t.resets:                            # banned or unbanned: judged on what comes next
                 self.dp.forget_clients(cr.class_id, t.resets)
-            if t.line != cr.line:                   # N changed
-                self.dp.set_client_line(cr.class_id, t.line)
-                cr.line = t.line
+            if (t.line, t.hold) != (cr.line, cr.hold):     # N changed
+                self.dp.set_client_line(cr.class_id, t.line, t.hold)
+                cr.line, cr.hold = t.line, t.hold
             for client in t.issued:
                 log.info("client_banned", class_=cr.name, client=cr.network(client),
                          for_s=round(t.bans[client] - now, 1))
@@ -102,20 +111,25 @@ class ClientRules:
                 reports.append(ClassClients(cr.key, t.report))
         return reports
 
-    def _write(self, cr: ClientRun, shares: dict, bans: dict, n_hosts: int) -> None:
+    def _write(self, cr: ClientRun, t: ClientTick, n_hosts: int) -> None:
         """Shares are counts per window: the kernel's buckets take units per second; a bucket's
         fail-safe is the even split threshold/N (docs/clients.md "Bans end by themselves")."""
         window_s = cr.rule.window_s
         safe = cr.rule.limit / max(1, n_hosts) / window_s
-        limits = {c: (share / window_s, safe) for c, share in shares.items()}
-        if limits.keys() != cr.limits.keys():
-            log.info("clients_throttled", class_=cr.name, n=len(limits),
-                     started=[cr.network(c) for c in limits.keys() - cr.limits.keys()] or None,
-                     ended=[cr.network(c) for c in cr.limits.keys() - limits.keys()] or None)
+        # the throttled first, then the larger shares: what a full map leaves out is the least
+        first = sorted(t.limits.items(), key=lambda cs: (cs[0] not in t.throttled, -cs[1], cs[0]))
+        limits = {c: (share / window_s, safe) for c, share in first}
+        if t.throttled != cr.throttled:
+            log.info("clients_throttled", class_=cr.name, n=len(t.throttled),
+                     started=[cr.network(c) for c in t.throttled - cr.throttled] or None,
+                     ended=[cr.network(c) for c in cr.throttled - t.throttled] or None)
+            cr.throttled = t.throttled
         if limits != cr.limits:
-            self.dp.set_client_limits(cr.class_id, limits)
-            cr.limits = limits
-        until = {c: int(until_s * 1e9) for c, until_s in bans.items()}
+            unheld = len(self.dp.set_client_limits(cr.class_id, limits))
+            if unheld and not cr.unheld:
+                log.warning("client_limits_full", class_=cr.name, unheld=unheld, held=len(limits) - unheld)
+            cr.limits, cr.unheld = limits, unheld
+        until = {c: int(until_s * 1e9) for c, until_s in t.bans.items()}
         if until != cr.bans:
             self.dp.set_client_bans(cr.class_id, until)
             cr.bans = until

@@ -216,22 +216,11 @@ def test_a_client_throttled_on_its_only_host_stays_at_its_threshold(net, cluster
     assert run.received_bps <= 1.5 * 4e6, run.received_bps
 
 
-class OverInItsFirstSecond(AssertionError):
-    """A new heavy client's first 1-s window above 1.5x its threshold, or its 30 s above 1.05x
-    because of that first second."""
-
-
-# The throttle reacts (docs/clients.md "Over the threshold before the hosts know about each
-# other"): the client runs free until its summed count reaches the threshold T and the agents'
-# next ticks write its shares, and its new bucket then refills at its share of T a second.  At
-# 40 Mbit/s of class rate against a 6 Mbit/s threshold, T is reached after ~0.14 s and the
-# throttle holds from ~0.22 s: 1.6-1.7 T has passed by then, over 1.5 T before any bucket could
-# act, and the refill brings the first 1-s window to 2.3-2.4 T.  The windows after it hold ~T:
-# over 30 s 1.044 T (three runs), the first second's excess (1.3-1.4 T) taking most of what
-# 1.05 allows, so the 30-s bound is part of the same unmet promise; from 2 s on the throttle
-# holds T (asserted: that part works).
-@pytest.mark.xfail(raises=OverInItsFirstSecond, strict=True,
-                   reason="the throttle starts after the window already holds the threshold")
+# Held at the line (docs/clients.md): each host's kernel holds the client at T/N from the packet
+# that takes its count to the line T/(2N), in debt for that packet's part beyond it, so the three
+# hosts pass at most T/2 before the hold and T a second after.  Waiting for the summed count to
+# reach T (the agent's decision, a tick or two later) let 2.3-2.4 T through the first second;
+# with the hold 1.16-1.19 T (three runs), 30 s at 1.004-1.005 T.
 @pytest.mark.slow
 def test_a_new_heavy_client_of_three_hosts_is_held_from_its_first_second(net4, cluster):
     """After idle, one client starts downloads from all three hosts at once in a class whose
@@ -262,6 +251,5 @@ def test_a_new_heavy_client_of_three_hosts_is_held_from_its_first_second(net4, c
           f"from 2 s on {held / threshold_Bps:.3f}x; "
           f"first second per 100 ms {[round(x * 8 / 1e6, 1) for x in series[:10]]} Mbit/s")
     assert 0.9 * threshold_Bps <= held <= 1.05 * threshold_Bps, held / threshold_Bps
-    if worst > 1.5 * threshold_Bps or whole > 1.05 * threshold_Bps:
-        raise OverInItsFirstSecond(f"{worst / threshold_Bps:.2f}x the threshold in the 1-s window at {at:.1f} s, "
-                                   f"{whole / threshold_Bps:.3f}x over 30 s")
+    assert worst <= 1.5 * threshold_Bps, f"{worst / threshold_Bps:.2f}x the threshold in the 1-s window at {at:.1f} s"
+    assert whole <= 1.05 * threshold_Bps, whole / threshold_Bps

@@ -164,6 +164,53 @@ def test_a_throttled_client_gets_its_rate_and_the_others_all(lab, datapath):
     assert after.dropped_packets == 0
 
 
+def test_a_client_is_held_from_the_line_in_debt_for_its_overshoot_until_the_agent_decides(lab, datapath):
+    """A class that holds (hold: a count per window) gives a client whose count reaches the line
+    a bucket at the hold's rate, in debt for what the packet that reached it took beyond the
+    line: here 1 frame a second, and half a frame of debt.  The agent's limits keep that bucket;
+    unlisting it, drop_holds and a new rule each let the client go."""
+    h1, _ = lab.hosts
+    dp = datapath(classes=parse_classes(["proto=udp"]))
+    hold_rule = rule("dst/32")
+    dp.set_client_rule(0, hold_rule, line=5.5 * FRAME4, hold=FRAME4 * hold_rule.window_s)
+
+    def throttled_of(sends: dict[str, int]) -> int:
+        before = dp.read_counters([0])[0].throttled_packets
+        send_udp(h1, sends)
+        return dp.read_counters([0])[0].throttled_packets - before
+
+    assert throttled_of({H2: 5, H3: 6, H4: 6}) == 0           # the 6th reaches the line and passes
+    assert dp.read_heavy() == {0: {packed(H3, 32), packed(H4, 32)}}
+    assert throttled_of({H2: 1, H3: 1}) == 1                   # H2 at the line now: held from its next
+    assert dp.read_heavy() == {0: {packed(H2, 32)}}
+    time.sleep(0.6)                                            # the half-frame debt paid
+    assert throttled_of({H3: 2}) == 1                          # one frame of credit, then its rate
+    dp.set_client_limits(0, {packed(H3, 32): (FRAME4, FRAME4)})
+    assert throttled_of({H3: 1}) == 1                          # the hold's bucket, kept
+    dp.set_client_limits(0, {})
+    dp.drop_holds(0, [packed(H2, 32)])
+    assert throttled_of({H2: 3, H3: 3}) == 0                   # let go (flagged once a window)
+    assert throttled_of({H4: 20}) >= 10                        # the kernel's own hold stays (1 frame/s)
+    dp.set_client_rule(0, rule("dst/32", window="2h"), line=5.5 * FRAME4, hold=FRAME4 * 7200)
+    assert throttled_of({H4: 3}) == 0                          # a new rule: counts and holds start over
+    dp.set_client_rule(0, hold_rule, line=5.5 * FRAME4)        # no hold: flagged, not held
+    assert throttled_of({H4: 9}) == 0 and dp.read_heavy() == {0: {packed(H4, 32)}}
+    with pytest.raises(DatapathError, match="a hold of -1 is not a finite count"):
+        dp.set_client_line(0, 1.0, hold=-1)
+
+
+def test_a_full_map_of_client_buckets_leaves_the_last_new_clients_out(datapath):
+    """MAX_CLIENT_LIMITS buckets at most, the kernel's holds included: the new clients past it
+    are returned, in the order given, and the agent goes on; room comes back as clients go."""
+    dp = datapath(classes=parse_classes(["proto=udp"]))
+    dp.set_client_rule(0, rule("dst/32"))
+    many = [bytes([10, 1 + i // 65536, i // 256 % 256, i % 256]) for i in range(abi.MAX_CLIENT_LIMITS + 10)]
+    assert dp.set_client_limits(0, {c: (1000.0, 1000.0) for c in many}) == many[-10:]
+    kept = {c: (2000.0, 1000.0) for c in many[10:]}             # the first ten go: room for the last
+    assert dp.set_client_limits(0, kept) == []
+    assert dp.set_client_limits(0, {}) == []
+
+
 def test_a_stale_config_throttles_at_the_safe_rate(lab, datapath):
     h1, _ = lab.hosts
     dp = datapath(classes=parse_classes(["proto=udp"]))

@@ -262,10 +262,11 @@ def test_uneven_demand_is_split_by_demand_and_released_below_the_threshold():
     assert shares["a"] == pytest.approx(floor + (r.limit - 3 * floor) * 0.75)
     for k in range(21, 41):        # down to 0.85 of the threshold: still throttled (no release at a dip)
         ticks = tick_all(tables, k * interval_s, {"a": {HEAVY: 0.85 * per_tick}})
-    assert all(HEAVY in t.limits for t in ticks.values() if t.limits) and ticks["a"].limits
-    for k in range(41, 61):        # down to 0.45: under the release line
+    assert all(HEAVY in t.throttled for t in ticks.values() if t.limits) and ticks["a"].throttled
+    for k in range(41, 61):        # down to 0.45: under the release line, still over the line at a
         ticks = tick_all(tables, k * interval_s, {"a": {HEAVY: 0.45 * per_tick}})
-    assert all(not t.limits for t in ticks.values())
+    assert all(not t.throttled for t in ticks.values())
+    assert {n for n, t in ticks.items() if t.limits} == {"a"}
 
 
 def counted_everywhere(tables, client, now_s):
@@ -282,7 +283,7 @@ def ticks_to_limit(tables, deltas_at):
         ticks = tick_all(tables, k * 0.1, deltas_at(k))
         over = counted_everywhere(tables, HEAVY, k * 0.1) >= next(iter(tables.values())).rule.limit
         crossed = crossed or (k if over else None)
-        everywhere = everywhere or (k if all(HEAVY in t.limits for t in ticks.values()) else None)
+        everywhere = everywhere or (k if all(HEAVY in t.throttled for t in ticks.values()) else None)
     return crossed, everywhere
 
 
@@ -304,6 +305,23 @@ def test_a_client_partly_below_the_line_is_limited_two_ticks_after_crossing():
     crossed, everywhere = ticks_to_limit(tables, lambda k: {**steady, "a": {HEAVY: 0.8 * r.limit}} if k == 21
                                          else steady if k < 21 else {})
     assert crossed == 21 and everywhere == 23
+
+
+def test_a_client_is_held_from_the_line_at_no_more_than_a_fair_share_until_peers_report():
+    """Every host counts the client over the line at once: each holds it at threshold/N on
+    that tick and the next (YOUNG_TICKS), so their shares never add up to more than the
+    threshold however late their peers' reports come; a client below the line is not held."""
+    r = rule()
+    tables = hosts(r)
+    line = tables["a"].line(3)
+    alone = {n: t.tick(0.1, {HEAVY: 1.2 * line, LIGHT[0]: 0.9 * line}, 3) for n, t in tables.items()}
+    assert all(t.limits == {HEAVY: pytest.approx(r.limit / 3)} and not t.throttled for t in alone.values())
+    assert all(t.hold == pytest.approx(r.limit / 3) for t in alone.values())
+    second = {n: t.tick(0.2, {HEAVY: 0.1 * line}, 3) for n, t in tables.items()}   # still no report
+    assert all(t.limits[HEAVY] == pytest.approx(r.limit / 3) for t in second.values())
+    third = {n: t.tick(0.3, {HEAVY: 0.1 * line}, 3) for n, t in tables.items()}
+    assert all(t.limits[HEAVY] == pytest.approx(r.limit * (1 - 2 * clients.FLOOR_FRACTION / 3))
+               for t in third.values())            # each alone as far as it knows: no longer young
 
 
 def test_a_host_below_the_reporting_line_reports_a_client_that_others_report():

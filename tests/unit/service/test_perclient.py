@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from daemon_harness import CLASS_ID, FakeDatapath, agent, config
 
+from drl.agent.clients.table import FLOOR_FRACTION
 from drl.agent.clients.rules import client_rule, parse_client_key, parse_prefix, parse_threshold
 from drl.agent.clients.windows import Windows
 from drl.agent.service.client_rules import ClientRules
@@ -22,18 +23,20 @@ INTERVAL = 0.1
 
 class ClientDatapath:
     """What ClientRules uses of agent.datapath.Datapath, in memory, with Windows for the kernel's
-    per-client windows (tests/unit/clients/test_clients.py KernelModel says how it models them)."""
+    per-client windows (tests/unit/clients/test_clients.py KernelModel says how it models them)
+    and ``holds``: the clients the kernel holds by itself (clients.h hold_client)."""
 
     def __init__(self):
-        self.rules, self.limits, self.bans, self.lines, self.windows = {}, {}, {}, {}, {}
+        self.rules, self.limits, self.bans, self.lines, self.windows, self.holds = {}, {}, {}, {}, {}, {}
         self.flagged, self.now = {}, 0.0
 
-    def set_client_rule(self, class_id, rule, line=0.0):
+    def set_client_rule(self, class_id, rule, line=0.0, hold=0.0):
         self.rules[class_id] = rule
         self.limits.pop(class_id, None)
         self.bans.pop(class_id, None)
+        self.holds.pop(class_id, None)
         if rule is not None:
-            self.windows[class_id], self.lines[class_id] = Windows(rule.window_s, self.now), line
+            self.windows[class_id], self.lines[class_id] = Windows(rule.window_s, self.now), (line, hold)
 
     def arrive(self, now, class_id, deltas):
         """The interval's arrivals up to ``now``: counted unless banned, flagged at the line."""
@@ -42,7 +45,11 @@ class ClientDatapath:
         counted = {c: d for c, d in deltas.items() if bans.get(c, 0) <= now * 1e9}
         w = self.windows[class_id]
         w.add(now, counted)
-        self.flagged.setdefault(class_id, set()).update(w.counts(now, counted, at_least=self.lines[class_id]))
+        line, hold = self.lines[class_id]
+        heavy = w.counts(now, counted, at_least=line)
+        self.flagged.setdefault(class_id, set()).update(heavy)
+        if hold:
+            self.holds.setdefault(class_id, set()).update(set(heavy) - self.limits.get(class_id, {}).keys())
 
     def read_heavy(self):
         out, self.flagged = self.flagged, {}
@@ -55,11 +62,16 @@ class ClientDatapath:
         for c in clients:
             self.windows[class_id].clear(c)
 
-    def set_client_line(self, class_id, line):
-        self.lines[class_id] = line
+    def set_client_line(self, class_id, line, hold=0.0):
+        self.lines[class_id] = (line, hold)
+
+    def drop_holds(self, class_id, clients):
+        self.holds.get(class_id, set()).difference_update(clients)
 
     def set_client_limits(self, class_id, limits):
         self.limits[class_id] = dict(limits)
+        self.holds.get(class_id, set()).difference_update(limits)
+        return []
 
     def set_client_bans(self, class_id, bans):
         self.bans[class_id] = dict(bans)
@@ -91,9 +103,9 @@ def exchange(group, reports, now):
                 rules.receive(f"h{i}", payload, now)
 
 
-def run(group, seconds, per_host):
-    """``per_host(i)`` -> {client: bytes per interval} counted on host i, for ``seconds``."""
-    now = 0.0
+def run(group, seconds, per_host, now=0.0):
+    """``per_host(i)`` -> {client: bytes per interval} counted on host i, for ``seconds`` after
+    ``now``; returns the time it ends at."""
     for _ in range(round(seconds / INTERVAL)):
         now += INTERVAL
         for i, (dp, _) in enumerate(group):
@@ -115,6 +127,31 @@ def test_a_client_spread_over_three_hosts_gets_its_threshold_in_total():
     total = sum(lim[HEAVY][0] for lim in limits)
     assert total == pytest.approx(250_000, rel=0.01)                # bytes/s: 2 Mbit/s in all
     assert all(lim[HEAVY][1] == pytest.approx(250_000 / 3) for lim in limits)   # fail-safe: T/N
+
+
+def test_the_kernel_holds_a_client_from_the_line_and_the_agent_takes_over_or_lets_go():
+    """Host 0 alone sees the client above the line (threshold/6): the kernel's hold, then the
+    agent's bucket, state ok (held, under its threshold); once it fades the bucket goes.  A
+    ban rule holds no one."""
+    group = hosts(throttle_rule())
+    dp, rules = group[0]
+    dp.arrive(0.1, 3, {HEAVY: 50_000})              # over the line (41,667 bytes) in one interval
+    assert dp.holds[3] == {HEAVY} and 3 not in dp.limits
+    exchange(group, [r.tick(0.1, 3, 1.0) for _, r in group], 0.1)
+    assert dp.limits[3][HEAVY][0] == pytest.approx(250_000 / 3) and not dp.holds[3]   # young: T/N
+    now = run(group, 0.5, lambda i: {HEAVY: 5_000} if i == 0 else {}, now=0.1)
+    share = 250_000 * (1 - 2 * FLOOR_FRACTION / 3)                  # the floors of the two others
+    assert dp.limits[3][HEAVY][0] == pytest.approx(share)
+    assert [c["state"] for c in rules.listing(None, now, None)[0]["clients"]] == ["ok"]
+    now = run(group, 2.0, lambda i: {}, now=now)
+    assert not dp.limits.get(3) and not dp.holds[3]
+    dp.flagged[3] = {HEAVY}                           # flagged, then let go at once: the hold goes too
+    dp.holds[3] = {HEAVY}
+    rules.tick(now + INTERVAL, 3, 1.0)
+    assert not dp.holds[3]
+    banning = hosts(client_rule(parse_client_key("dst/32"), "bytes", parse_threshold("2mbit"), "ban", 5.0))
+    banning[0][0].arrive(0.1, 3, {HEAVY: 50_000})
+    assert banning[0][0].lines[3][1] == 0 and not banning[0][0].holds.get(3)
 
 
 def test_a_ban_reaches_every_host_and_unban_lifts_it_everywhere():
@@ -144,12 +181,12 @@ def test_a_changed_or_removed_rule_is_taken_out_of_the_kernel():
     dp = ClientDatapath()
     rules = ClientRules(dp, node_id="a")
     rules.apply([a_class("gold", throttle_rule())], 0.0, 1.0, 2)
-    assert dp.rules[3] == throttle_rule() and rules and dp.lines[3] == 0.5 * 250_000 / 2
+    assert dp.rules[3] == throttle_rule() and rules and dp.lines[3] == (0.5 * 250_000 / 2, 250_000 / 2)
     other = client_rule(parse_client_key("dst/24"), "bytes", parse_threshold("1mbit"), "throttle")
     rules.apply([a_class("gold", other)], 1.0, 1.0, 2)
     assert dp.rules[3] == other and rules.get("gold").rule == other
     rules.tick(1.5, 5, 1.0)
-    assert dp.lines[3] == 0.5 * 125_000 / 5                    # the line follows N
+    assert dp.lines[3] == (0.5 * 125_000 / 5, 125_000 / 5)     # the line and the hold follow N
     rules.apply([a_class("gold", None)], 2.0, 1.0, 2)
     assert dp.rules[3] is None and not rules and rules.tick(3.0, 1, 1.0) == []
 
