@@ -10,6 +10,7 @@ call replaces the class's whole set.
 from __future__ import annotations
 
 import ctypes as ct
+import functools
 import math
 import struct
 from typing import Iterable, Mapping
@@ -327,6 +328,7 @@ def _rates(class_id: int, client: Client, rates) -> tuple[float, float]:
     return rate, safe
 
 
+@functools.lru_cache(maxsize=4096)      # held clients share few rates (T/N, T less the floors): exact
 def _client_bucket(measure: str, rate: float) -> tuple[int, int]:
     """(ns_per_unit, depth_ns) of a throttled client's bucket (set_client_limits)."""
     depth = default_burst(rate) if measure == "bytes" else max(CLIENT_BURST_UNITS, rate * POLICE_TIME_S)

@@ -36,7 +36,7 @@ class ClientRun:
     class_id: int
     rule: ClientRule
     table: ClientTable
-    limits: dict = field(default_factory=dict)     # held client -> (units/s, fail-safe units/s)
+    shares: tuple = ({}, 0.0)                      # held client -> share per window, fail-safe per s: as written
     throttled: frozenset = frozenset()             # those of them over the threshold
     unheld: int = 0                                # held ones the kernel's full map had no room for
     bans: dict = field(default_factory=dict)       # client -> until (ns, CLOCK_MONOTONIC)
@@ -116,19 +116,18 @@ class ClientRules:
         fail-safe is the even split threshold/N (docs/clients.md "Bans end by themselves")."""
         window_s = cr.rule.window_s
         safe = cr.rule.limit / max(1, n_hosts) / window_s
-        # the throttled first, then the larger shares: what a full map leaves out is the least
-        first = sorted(t.limits.items(), key=lambda cs: (cs[0] not in t.throttled, -cs[1], cs[0]))
-        limits = {c: (share / window_s, safe) for c, share in first}
         if t.throttled != cr.throttled:
             log.info("clients_throttled", class_=cr.name, n=len(t.throttled),
                      started=[cr.network(c) for c in t.throttled - cr.throttled] or None,
                      ended=[cr.network(c) for c in cr.throttled - t.throttled] or None)
             cr.throttled = t.throttled
-        if limits != cr.limits:
-            unheld = len(self.dp.set_client_limits(cr.class_id, limits))
+        if (t.limits, safe) != cr.shares:          # most ticks: a held client's share stays
+            # the throttled first, then the larger shares: what a full map leaves out is the least
+            first = sorted(t.limits.items(), key=lambda cs: (cs[0] not in t.throttled, -cs[1], cs[0]))
+            unheld = len(self.dp.set_client_limits(cr.class_id, {c: (v / window_s, safe) for c, v in first}))
             if unheld and not cr.unheld:
-                log.warning("client_limits_full", class_=cr.name, unheld=unheld, held=len(limits) - unheld)
-            cr.limits, cr.unheld = limits, unheld
+                log.warning("client_limits_full", class_=cr.name, unheld=unheld, held=len(first) - unheld)
+            cr.shares, cr.unheld = (t.limits, safe), unheld
         until = {c: int(until_s * 1e9) for c, until_s in t.bans.items()}
         if until != cr.bans:
             self.dp.set_client_bans(cr.class_id, until)

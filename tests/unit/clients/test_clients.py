@@ -231,14 +231,14 @@ LIGHT = [ip(f"198.51.100.{i}") for i in range(10, 29)]
 
 def test_a_client_spread_over_three_hosts_gets_its_threshold_in_total():
     """2 Mbit/s threshold; the heavy client pulls 2 Mbit/s from each of 3 hosts (3x), 19 light
-    clients 0.2 Mbit/s from one host each."""
+    clients 0.1 Mbit/s from one host each (under the line, threshold/12)."""
     r, interval_s = rule(), 0.1
     tables = hosts(r)
     per_tick = r.limit * interval_s                               # 2 Mbit/s for one interval
     for k in range(1, 31):
         deltas = {n: {HEAVY: per_tick} for n in tables}
         for i, c in enumerate(LIGHT):
-            deltas["abc"[i % 3]][c] = 0.1 * per_tick
+            deltas["abc"[i % 3]][c] = 0.05 * per_tick
         ticks = tick_all(tables, k * interval_s, deltas)
     assert sum(t.limits[HEAVY] for t in ticks.values()) == pytest.approx(r.limit)
     assert all(t.limits[HEAVY] == pytest.approx(r.limit / 3) for t in ticks.values())
@@ -297,12 +297,12 @@ def test_a_client_seen_above_the_line_everywhere_is_limited_one_tick_after_cross
 
 
 def test_a_client_partly_below_the_line_is_limited_two_ticks_after_crossing():
-    """b and c hold it steadily below the line (threshold/6), then one burst at a takes it over:
+    """b and c hold it steadily below the line (threshold/12), then one burst at a takes it over:
     a reports on the crossing tick, b and c one tick later (a peer reports it), then all know."""
     r = rule()
     tables = hosts(r)
-    steady = {"b": {HEAVY: 0.015 * r.limit}, "c": {HEAVY: 0.015 * r.limit}}
-    crossed, everywhere = ticks_to_limit(tables, lambda k: {**steady, "a": {HEAVY: 0.8 * r.limit}} if k == 21
+    steady = {"b": {HEAVY: 0.005 * r.limit}, "c": {HEAVY: 0.005 * r.limit}}
+    crossed, everywhere = ticks_to_limit(tables, lambda k: {**steady, "a": {HEAVY: 0.95 * r.limit}} if k == 21
                                          else steady if k < 21 else {})
     assert crossed == 21 and everywhere == 23
 

@@ -130,12 +130,12 @@ def test_a_client_spread_over_three_hosts_gets_its_threshold_in_total():
 
 
 def test_the_kernel_holds_a_client_from_the_line_and_the_agent_takes_over_or_lets_go():
-    """Host 0 alone sees the client above the line (threshold/6): the kernel's hold, then the
+    """Host 0 alone sees the client above the line (threshold/12): the kernel's hold, then the
     agent's bucket, state ok (held, under its threshold); once it fades the bucket goes.  A
     ban rule holds no one."""
     group = hosts(throttle_rule())
     dp, rules = group[0]
-    dp.arrive(0.1, 3, {HEAVY: 50_000})              # over the line (41,667 bytes) in one interval
+    dp.arrive(0.1, 3, {HEAVY: 50_000})              # over the line (20,833 bytes) in one interval
     assert dp.holds[3] == {HEAVY} and 3 not in dp.limits
     exchange(group, [r.tick(0.1, 3, 1.0) for _, r in group], 0.1)
     assert dp.limits[3][HEAVY][0] == pytest.approx(250_000 / 3) and not dp.holds[3]   # young: T/N
@@ -181,12 +181,12 @@ def test_a_changed_or_removed_rule_is_taken_out_of_the_kernel():
     dp = ClientDatapath()
     rules = ClientRules(dp, node_id="a")
     rules.apply([a_class("gold", throttle_rule())], 0.0, 1.0, 2)
-    assert dp.rules[3] == throttle_rule() and rules and dp.lines[3] == (0.5 * 250_000 / 2, 250_000 / 2)
+    assert dp.rules[3] == throttle_rule() and rules and dp.lines[3] == (0.25 * 250_000 / 2, 250_000 / 2)
     other = client_rule(parse_client_key("dst/24"), "bytes", parse_threshold("1mbit"), "throttle")
     rules.apply([a_class("gold", other)], 1.0, 1.0, 2)
     assert dp.rules[3] == other and rules.get("gold").rule == other
     rules.tick(1.5, 5, 1.0)
-    assert dp.lines[3] == (0.5 * 125_000 / 5, 125_000 / 5)     # the line and the hold follow N
+    assert dp.lines[3] == (0.25 * 125_000 / 5, 125_000 / 5)     # the line and the hold follow N
     rules.apply([a_class("gold", None)], 2.0, 1.0, 2)
     assert dp.rules[3] is None and not rules and rules.tick(3.0, 1, 1.0) == []
 
