@@ -238,11 +238,11 @@ def _amount(c: dict, row: dict, which: str) -> str:
 def _state(c: dict, row: dict) -> str:
     if row["state"] == "banned":
         return f"banned for {row['banned_for_s']:.0f} s"
-    if row["state"] == "throttled":
-        share = (format_rate(row["share_bps"] / 8) if c["measure"] == "bytes"
-                 else f"{row['share_count']:.0f}/{c['threshold']['window_s']:g}s")
-        return f"throttled, share {share}"
-    return "ok"
+    if row["share_count"] is None:
+        return row["state"]
+    share = (format_rate(row["share_bps"] / 8) if c["measure"] == "bytes"
+             else f"{row['share_count']:.0f}/{c['threshold']['window_s']:g}s")
+    return f"{row['state']}, share {share}"       # ok, share: held at the line, under its threshold
 
 
 @main.command("import")

@@ -206,18 +206,21 @@ def test_drlctl_clients_shows_the_listing_of_each_class():
     from drl.cli.ctl import render_clients
 
     group = hosts(throttle_rule())
-    run(group, 3.0, lambda i: {HEAVY: 12_500, LIGHT: 1_250 if i == 0 else 0})
+    mid = bytes([198, 51, 100, 9])                  # 0.24 Mbit/s on h0: over the line, held, ok
+    run(group, 3.0, lambda i: {HEAVY: 12_500, LIGHT: 1_250, mid: 3_000} if i == 0 else {HEAVY: 12_500})
     listing = group[0][1].listing(None, 3.0, limit=None)
     rows = {r["client"]: r for r in listing[0]["clients"]}
     heavy = rows["198.51.100.7/32"]
     assert heavy["state"] == "throttled" and heavy["hosts"] == ["h0", "h1", "h2"]
     assert heavy["global_bps"] == pytest.approx(3e6, rel=0.02) and heavy["share_bps"] == pytest.approx(2e6 / 3, rel=0.02)
     assert "198.51.100.8/32" not in rows            # under the reporting line: the kernel counts it alone
+    assert rows["198.51.100.9/32"]["state"] == "ok" and rows["198.51.100.9/32"]["share_count"] > 0
     lines = render_clients(listing).splitlines()
     assert lines[0] == "class gold   client dst/32/64   bytes   threshold 2mbit   throttle"
     assert lines[1].split() == ["CLIENT", "GLOBAL", "LOCAL", "STATE", "HOSTS"]
     assert lines[2].startswith("198.51.100.7/32 ") and "throttled, share 666.7 kbit/s" in lines[2]
     assert lines[2].rstrip().endswith("h0,h1,h2")
+    assert lines[3].startswith("198.51.100.9/32 ") and "ok, share " in lines[3]
     assert render_clients([]) == "no class has a client rule (docs/clients.md)"
 
 
