@@ -123,12 +123,8 @@ class ClientMaps:
                 leaf.gcra.tat = now_ns()           # empty: the client is over its share already
             leaf.ns_per_unit, leaf.depth_ns = _client_bucket(rule.measure, rates[0])
             leaf.safe_ns_per_unit, leaf.safe_depth_ns = _client_bucket(rule.measure, rates[1])
-            try:
-                put(table, "client_limits", key, leaf)
-            except DatapathError:
-                if not new:
-                    raise
-                full.append(client)                 # no room: a new entry needs one, an update not
+            if not _put_if_room(table, "client_limits", key, leaf, new):
+                full.append(client)
                 continue
             fresh |= was is None
             written[client] = rates
@@ -137,25 +133,32 @@ class ClientMaps:
             self._new_client_gen()
         return full
 
-    def set_client_bans(self, class_id: int, bans: Mapping[Client, int]) -> None:
+    def set_client_bans(self, class_id: int, bans: Mapping[Client, int]) -> list[Client]:
         """The class's banned clients, in place of the last set: client -> until_ns
         (CLOCK_MONOTONIC, now_ns()'s clock).  The kernel drops every packet to or from one
         (egress, and ingress while attached) until then, by itself: a ban ends on time with
-        no agent running."""
+        no agent running.  When the map is full (MAX_CLIENT_BANS) the new bans it has no
+        room for are left out and returned, as set_client_limits does."""
         rule = self._rule_for(class_id, bans)
         table, old = self._bpf[b"client_bans"], self._client_bans.get(class_id, {})
-        changed = False
+        if bans:
+            self._delete_clients(class_id, old.keys() - bans.keys(), table)
+        written, full, changed = {}, [], False
         for client, until_ns in bans.items():
             _check_client(class_id, client, rule)
             if not 0 <= until_ns < 2**64:
                 raise DatapathError(f"class {class_id}: ban until {until_ns!r} is not a CLOCK_MONOTONIC time in ns")
             if old.get(client) != until_ns:
-                put(table, "client_bans", table.Key.from_buffer_copy(_client_key(class_id, client)),
-                    table.Leaf(until_ns))
+                key = table.Key.from_buffer_copy(_client_key(class_id, client))
+                if not _put_if_room(table, "client_bans", key, table.Leaf(until_ns), client not in old):
+                    full.append(client)
+                    continue
                 changed = True
-        self._replace_clients(class_id, self._client_bans, dict(bans), table)
+            written[client] = until_ns
+        self._replace_clients(class_id, self._client_bans, written, table)
         if changed:
             self._new_client_gen()
+        return full
 
     def set_client_line(self, class_id: int, line: float, hold: float = 0.0) -> None:
         """The class's heavy line and hold (set_client_rule), when the number of hosts changed."""
@@ -313,6 +316,17 @@ def _check_client(class_id: int, client: Client, rule: ClientRule) -> None:
     if not isinstance(client, bytes) or not rule.key.owns(client):
         raise DatapathError(f"class {class_id}: {client!r} is not a client of key {rule.key} "
                             "(4 or 16 packed bytes, host bits zero)")
+
+
+def _put_if_room(table, name: str, key, leaf, new: bool) -> bool:
+    """put; False when a new entry finds the map full (an update needs no room)."""
+    try:
+        put(table, name, key, leaf)
+    except DatapathError:
+        if not new:
+            raise
+        return False
+    return True
 
 
 def _check_hold(class_id: int, hold: float) -> float:

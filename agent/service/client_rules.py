@@ -39,6 +39,7 @@ class ClientRun:
     shares: tuple = ({}, 0.0)                      # held client -> share per window, fail-safe per s: as written
     throttled: frozenset = frozenset()             # those of them over the threshold
     unheld: int = 0                                # held ones the kernel's full map had no room for
+    unbanned: int = 0                              # bans the same for client_bans
     bans: dict = field(default_factory=dict)       # client -> until (ns, CLOCK_MONOTONIC)
     line: float = 0.0                              # the reporting line the kernel flags clients at
     hold: float = 0.0                              # and holds them at (count per window)
@@ -130,8 +131,11 @@ class ClientRules:
             cr.shares, cr.unheld = (t.limits, safe), unheld
         until = {c: int(until_s * 1e9) for c, until_s in t.bans.items()}
         if until != cr.bans:
-            self.dp.set_client_bans(cr.class_id, until)
-            cr.bans = until
+            full = self.dp.set_client_bans(cr.class_id, until)
+            if full and not cr.unbanned:
+                log.warning("client_bans_full", class_=cr.name, unbanned=len(full), banned=len(until) - len(full))
+            # the left out are not written: tried again next tick
+            cr.bans, cr.unbanned = {c: u for c, u in until.items() if c not in full}, len(full)
 
     def receive(self, node: str, payload: ClientReports, now: float) -> None:
         for entry in payload.reports:

@@ -199,16 +199,23 @@ def test_a_client_is_held_from_the_line_in_debt_for_its_overshoot_until_the_agen
         dp.set_client_line(0, 1.0, hold=-1)
 
 
-def test_a_full_map_of_client_buckets_leaves_the_last_new_clients_out(datapath):
-    """MAX_CLIENT_LIMITS buckets at most, the kernel's holds included: the new clients past it
-    are returned, in the order given, and the agent goes on; room comes back as clients go."""
+def test_a_full_map_of_client_buckets_or_bans_leaves_the_last_new_clients_out(datapath):
+    """MAX_CLIENT_LIMITS buckets at most, the kernel's holds included, and MAX_CLIENT_BANS bans:
+    the new clients past it are returned, in the order given, and the agent goes on; room
+    comes back as clients go."""
     dp = datapath(classes=parse_classes(["proto=udp"]))
     dp.set_client_rule(0, rule("dst/32"))
-    many = [bytes([10, 1 + i // 65536, i // 256 % 256, i % 256]) for i in range(abi.MAX_CLIENT_LIMITS + 10)]
+    every = [bytes([10, 1 + i // 65536, i // 256 % 256, i % 256])
+             for i in range(max(abi.MAX_CLIENT_LIMITS, abi.MAX_CLIENT_BANS) + 10)]
+    many = every[:abi.MAX_CLIENT_LIMITS + 10]
     assert dp.set_client_limits(0, {c: (1000.0, 1000.0) for c in many}) == many[-10:]
     kept = {c: (2000.0, 1000.0) for c in many[10:]}             # the first ten go: room for the last
     assert dp.set_client_limits(0, kept) == []
     assert dp.set_client_limits(0, {}) == []
+    dp.set_client_rule(0, rule("dst/32", action="ban"))
+    until, many = dp.now_ns() + 10**9, every[:abi.MAX_CLIENT_BANS + 10]
+    assert dp.set_client_bans(0, dict.fromkeys(many, until)) == many[-10:]      # bans alike
+    assert dp.set_client_bans(0, dict.fromkeys(many[10:], until)) == []
 
 
 def test_a_stale_config_throttles_at_the_safe_rate(lab, datapath):

@@ -75,6 +75,7 @@ class ClientDatapath:
 
     def set_client_bans(self, class_id, bans):
         self.bans[class_id] = dict(bans)
+        return []
 
 
 def a_class(name, rule, class_id=3):
