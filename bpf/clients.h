@@ -132,10 +132,11 @@ static __always_inline __u64 sliding(const struct client_window *w, __u64 window
  * agent reacts a tick or two later, and a client spread over N hosts passes
  * its threshold in well under a tick at the class's rate.  The bucket starts
  * in debt for what the packet that reached the line took beyond it (over,
- * at most the packet's units: a 64 KB GSO skb is 0.4 of a 1 Mbit line), so
- * that a host passes at most its line before the hold and T/N after; an
- * entry the agent wrote is left as it is (NOEXIST). */
-static __always_inline void hold_client(const struct class_config *c, struct client_key *ck, __u64 over, __u64 now)
+ * at most the packet's units: a 64 KB GSO skb is more than a 0.5 Mbit line;
+ * at most the bucket's depth), so that a host passes at most its line before
+ * the hold and T/N after; an entry the agent wrote is left as it is
+ * (NOEXIST).  0 = this packet made the hold. */
+static __always_inline int hold_client(const struct class_config *c, struct client_key *ck, __u64 over, __u64 now)
 {
 	__u64 debt = cost_ns(over, c->client_hold_ns_per_unit);
 	struct client_bucket held = { .gcra = { .tat = now + (debt < c->client_hold_depth_ns ? debt : c->client_hold_depth_ns),
@@ -144,51 +145,68 @@ static __always_inline void hold_client(const struct class_config *c, struct cli
 				      .safe_ns_per_unit = c->client_hold_ns_per_unit,
 				      .safe_depth_ns = c->client_hold_depth_ns };
 
-	client_limits.insert(ck, &held);
+	return client_limits.insert(ck, &held);
 }
 
 /* The client's count reached the class's line with a packet of units (count:
- * the count with it): into client_heavy for the agent, and held (hold_client)
- * when the class holds.  1 = held: the client's window must not say it is
- * clear of buckets. */
+ * the count with it): held (hold_client) when the class holds, then into
+ * client_heavy for the agent, in that order: a hold the agent can see is
+ * there already, so the agent's drop_holds finds it.  A hold that cannot be
+ * flagged (client_heavy full) goes again: nobody would ever let it go.  1 =
+ * the client has a bucket: its window must not say it is clear of them. */
 static __always_inline int reach_line(const struct class_config *c, struct client_key *ck, __u64 count,
 				      __u64 units, __u64 now)
 {
 	__u64 over = count - c->client_line;
+	int made = c->client_hold_ns_per_unit && hold_client(c, ck, over < units ? over : units, now) == 0;
 	__u8 one = 1;
 
-	client_heavy.update(ck, &one);
-	if (!c->client_hold_ns_per_unit)
+	if (client_heavy.update(ck, &one) && made) {
+		client_limits.delete(ck);
 		return 0;
-	hold_client(c, ck, over < units ? over : units, now);
-	return 1;
+	}
+	return c->client_hold_ns_per_unit != 0;
 }
 
-/* Add units to the client's window w (NULL: no entry yet, made here; NOEXIST:
- * if another CPU made it first, add to that one), keep clear_gen (see
- * clients), and the first time in a window its count reaches the class's
- * line, reach_line: the agent looks at it from its next tick until its count
- * has faded to 0. */
+/* A client's first packet: its window made here (NULL: done) or, if another
+ * CPU made it meanwhile, that one to count on.  Its mark (clear_gen) is that
+ * CPU's, but for a hold made here. */
+static __always_inline struct client_window *first_count(const struct class_config *c, struct client_key *ck,
+							 __u64 units, __u64 clear_gen, __u64 index, __u64 now)
+{
+	int heavy = c->client_line && units >= c->client_line;
+	struct client_window fresh = { .index = index, .cur = units, .clear_gen = clear_gen,
+				       .flagged = heavy ? index + 1 : 0 };
+	struct client_window *w;
+
+	if (heavy && reach_line(c, ck, units, units, now))
+		fresh.clear_gen = 0;
+	if (client_windows.insert(ck, &fresh) == 0)
+		return NULL;
+	w = client_windows.lookup(ck);
+	if (w && !fresh.clear_gen)
+		w->clear_gen = 0;
+	return w;
+}
+
+/* Add units to the client's window w (NULL: none yet, first_count), mark it
+ * clear_gen (see clients) unless another CPU changed the mark since this
+ * packet read it (seen): a hold that CPU made must not be marked clear, so
+ * the mark moves by compare-and-swap.  The first time in a window its count
+ * reaches the class's line, reach_line: the agent looks at it from its next
+ * tick until its count has faded to 0. */
 static __always_inline void count_client(const struct class_config *c, struct client_window *w,
-					 struct client_key *ck, __u64 units, __u32 clear_gen, __u64 now)
+					 struct client_key *ck, __u64 units, __u64 seen, __u64 clear_gen, __u64 now)
 {
 	__u64 index = now / c->client_window_ns;
 
 	if (!w) {
-		int heavy = c->client_line && units >= c->client_line;
-		struct client_window fresh = { .index = index, .cur = units, .clear_gen = clear_gen,
-					       .flagged = heavy ? index + 1 : 0 };
-
-		if (heavy && reach_line(c, ck, units, units, now))
-			fresh.clear_gen = 0;
-		if (client_windows.insert(ck, &fresh) == 0)
-			return;
-		w = client_windows.lookup(ck);
+		w = first_count(c, ck, units, clear_gen, index, now);
 		if (!w)
 			return;
+	} else if (seen != clear_gen) {
+		__sync_val_compare_and_swap(&w->clear_gen, seen, clear_gen);
 	}
-	if (w->clear_gen != clear_gen)
-		w->clear_gen = clear_gen;
 	roll(w, index);
 	if (units)
 		__sync_fetch_and_add(&w->cur, units);
@@ -253,19 +271,22 @@ static __always_inline __u64 clients(struct __sk_buff *skb, const struct setting
 	struct client_window *w;
 	__u64 segs = skb->gso_segs ? skb->gso_segs : 1, units;
 	__u32 gen = s->client_gen;    /* once: an entry is marked clear only in the generation it was checked in */
+	__u64 seen = 0;
 
 	if (exempt_client(c, k, class_id))
 		return CLIENT_PASSED;
 	client_of(&ck, c, k, class_id);
 	w = client_windows.lookup(&ck);
-	if (!w || w->clear_gen != gen) {
+	if (w)
+		seen = w->clear_gen;
+	if (!w || seen != gen) {
 		if ((c->client_flags & CLIENT_HAS_BANS) && banned(&ck, now))
 			return CLIENT_BANNED;
 		if (c->client_flags & CLIENT_HAS_LIMITS)
 			b = client_limits.lookup(&ck);
 	}
 	units = units_of(c, len, segs, c->client_measure == MEASURE_CONNS ? tcp_syn(skb, k) : 0);
-	count_client(c, w, &ck, units, b ? 0 : gen, now);
+	count_client(c, w, &ck, units, seen, b ? 0 : gen, now);
 	if (b && !throttle(c, b, units, now))
 		return CLIENT_THROTTLED;
 	return CLIENT_PASSED;

@@ -240,9 +240,9 @@ struct client_window {
 	__u64 prev;                /* the count of window index - 1 */
 	__u64 cur;
 	__u64 flagged;             /* index + 1 of the window it went into client_heavy in; 0 = never */
-	__u32 clear_gen;           /* the program's: settings.client_gen in which the client was found
-	                            * neither banned nor throttled; 0 = not (clients.h clients) */
-	__u32 pad0;
+	__u64 clear_gen;           /* the program's: settings.client_gen in which the client was found
+	                            * neither banned nor throttled; 0 = not (clients.h clients); 64 bits:
+	                            * moved by compare-and-swap, which bcc's LLVM has for 64 bits only */
 };
 
 /* client_limits: a held or throttled client's bucket.  The prices and depths are written by

@@ -36,7 +36,7 @@ gives it its share of the threshold (:func:`throttle_share`), at most
 threshold / N for its first ``YOUNG_TICKS`` ticks, while its peers' reports of
 it are on their way.  A client spread over N hosts therefore passes at most
 a quarter of its threshold before every host holds it, and the threshold from then
-on: a new heavy client's first second stays within 1.5 x its threshold,
+on: a new heavy client's first second stays within 1.25 x its threshold,
 where waiting for the summed count to reach the threshold let 2.3-2.4 x pass
 (the agent's tick comes after the client has passed it, at any class rate
 well above the threshold).  The cost: a client on one host alone between

@@ -47,9 +47,10 @@ class ClientMaps:
         """Give a class its client rule (None: none); ``line``: a client whose sliding count
         reaches it is flagged for read_heavy (0: none is); ``hold``: and from then on held at
         this count per window until set_client_limits lists it or drop_holds lets it go
-        (0: not held).  A rule with another key, measure
-        or window than the class's last one drops its limits, bans and counts (they were for
-        other clients or units); None drops them and the exempt prefixes.  The ingress filter
+        (0: not held).  A rule with another key, measure, window or action than the class's
+        last one drops its limits, holds, bans and counts (they were for other clients, units
+        or actions), the old rule neither flagging nor holding meanwhile; None drops them and
+        the exempt prefixes.  The ingress filter
         goes on with the first rule whose action is ban and off after the last (when attached)."""
         self._check_class(class_id)
         old = self._client_rules.get(class_id)
@@ -58,16 +59,20 @@ class ClientMaps:
         if rule is not None and not 0 < round(rule.window_s * 1e9) <= abi.MAX_CLIENT_WINDOW_NS:
             raise DatapathError(f"class {class_id}: a client window of {rule.window_s:g} s is not in "
                                 f"(0, {abi.MAX_CLIENT_WINDOW_NS / 1e9 / 3600:.0f} h]")
-        self._client_lines[class_id] = (line, _check_hold(class_id, hold))
+        lines = (line, _check_hold(class_id, hold))
         if rule == old:
+            self._client_lines[class_id] = lines
             self._write_client_config(class_id)
             return
-        if rule is None or old is None or (rule.key, rule.measure, rule.window_s) != (old.key, old.measure,
-                                                                                       old.window_s):
+        if rule is None or old is None or _identity(rule) != _identity(old):
+            if old is not None:                     # first: no new flag or hold of the old rule
+                self._client_lines[class_id] = (0.0, 0.0)
+                self._write_client_config(class_id)
             self.set_client_limits(class_id, {})
             self.set_client_bans(class_id, {})
             if old is not None:
                 self._forget_class_clients(class_id)
+        self._client_lines[class_id] = lines
         banning = self._bans_anywhere()
         table = self._bpf[b"client_exempt"]
         before = {_exempt_key(class_id, net) for net in (old.exempt if old else ())}
@@ -103,12 +108,13 @@ class ClientMaps:
         of heavy clients must not stop the agent."""
         rule = self._rule_for(class_id, limits)
         table, old = self._bpf[b"client_limits"], self._client_limits.get(class_id, {})
+        for client in limits:                       # all checked before anything changes
+            _check_client(class_id, client, rule)
+        checked = {client: _rates(class_id, client, rates) for client, rates in limits.items()}
         if limits:                                  # else _replace_clients clears the flag first
             self._delete_clients(class_id, old.keys() - limits.keys(), table)
         written, fresh, full = {}, False, []
-        for client, rates in limits.items():
-            _check_client(class_id, client, rule)
-            rates = _rates(class_id, client, rates)
+        for client, rates in checked.items():
             was = old.get(client)
             if was is not None and all(abs(r - w) <= CLIENT_RATE_CHANGE * w for r, w in zip(rates, was)):
                 written[client] = was
@@ -141,13 +147,14 @@ class ClientMaps:
         room for are left out and returned, as set_client_limits does."""
         rule = self._rule_for(class_id, bans)
         table, old = self._bpf[b"client_bans"], self._client_bans.get(class_id, {})
+        for client, until_ns in bans.items():       # all checked before anything changes
+            _check_client(class_id, client, rule)
+            if not 0 <= until_ns < 2**64:
+                raise DatapathError(f"class {class_id}: ban until {until_ns!r} is not a CLOCK_MONOTONIC time in ns")
         if bans:
             self._delete_clients(class_id, old.keys() - bans.keys(), table)
         written, full, changed = {}, [], False
         for client, until_ns in bans.items():
-            _check_client(class_id, client, rule)
-            if not 0 <= until_ns < 2**64:
-                raise DatapathError(f"class {class_id}: ban until {until_ns!r} is not a CLOCK_MONOTONIC time in ns")
             if old.get(client) != until_ns:
                 key = table.Key.from_buffer_copy(_client_key(class_id, client))
                 if not _put_if_room(table, "client_bans", key, table.Leaf(until_ns), client not in old):
@@ -316,6 +323,11 @@ def _check_client(class_id: int, client: Client, rule: ClientRule) -> None:
     if not isinstance(client, bytes) or not rule.key.owns(client):
         raise DatapathError(f"class {class_id}: {client!r} is not a client of key {rule.key} "
                             "(4 or 16 packed bytes, host bits zero)")
+
+
+def _identity(rule: ClientRule) -> tuple:
+    """What a rule's kernel state is for: another one starts from nothing."""
+    return rule.key, rule.measure, rule.window_s, rule.action
 
 
 def _put_if_room(table, name: str, key, leaf, new: bool) -> bool:

@@ -125,10 +125,11 @@ class ClientRules:
         if (t.limits, safe) != cr.shares:          # most ticks: a held client's share stays
             # the throttled first, then the larger shares: what a full map leaves out is the least
             first = sorted(t.limits.items(), key=lambda cs: (cs[0] not in t.throttled, -cs[1], cs[0]))
-            unheld = len(self.dp.set_client_limits(cr.class_id, {c: (v / window_s, safe) for c, v in first}))
-            if unheld and not cr.unheld:
-                log.warning("client_limits_full", class_=cr.name, unheld=unheld, held=len(first) - unheld)
-            cr.shares, cr.unheld = (t.limits, safe), unheld
+            full = set(self.dp.set_client_limits(cr.class_id, {c: (v / window_s, safe) for c, v in first}))
+            if full and not cr.unheld:
+                log.warning("client_limits_full", class_=cr.name, unheld=len(full), held=len(first) - len(full))
+            # the left out are not written: tried again next tick (a kernel hold of one is adopted, no room needed)
+            cr.shares, cr.unheld = ({c: v for c, v in t.limits.items() if c not in full}, safe), len(full)
         until = {c: int(until_s * 1e9) for c, until_s in t.bans.items()}
         if until != cr.bans:
             full = self.dp.set_client_bans(cr.class_id, until)

@@ -24,11 +24,12 @@ INTERVAL = 0.1
 class ClientDatapath:
     """What ClientRules uses of agent.datapath.Datapath, in memory, with Windows for the kernel's
     per-client windows (tests/unit/clients/test_clients.py KernelModel says how it models them)
-    and ``holds``: the clients the kernel holds by itself (clients.h hold_client)."""
+    and ``holds``: the clients the kernel holds by itself (clients.h hold_client); ``room``:
+    how many buckets a class's set_client_limits may hold, as a full map would."""
 
     def __init__(self):
         self.rules, self.limits, self.bans, self.lines, self.windows, self.holds = {}, {}, {}, {}, {}, {}
-        self.flagged, self.now = {}, 0.0
+        self.flagged, self.now, self.room = {}, 0.0, 16384
 
     def set_client_rule(self, class_id, rule, line=0.0, hold=0.0):
         self.rules[class_id] = rule
@@ -69,9 +70,17 @@ class ClientDatapath:
         self.holds.get(class_id, set()).difference_update(clients)
 
     def set_client_limits(self, class_id, limits):
-        self.limits[class_id] = dict(limits)
+        """What is there already is updated in place; a new bucket needs room."""
+        there = self.limits.get(class_id, {}).keys() | self.holds.get(class_id, set())
+        written, full = {}, []
+        for client, rates in limits.items():
+            if client in there or len(written) < self.room:
+                written[client] = rates
+            else:
+                full.append(client)
+        self.limits[class_id] = written
         self.holds.get(class_id, set()).difference_update(limits)
-        return []
+        return full
 
     def set_client_bans(self, class_id, bans):
         self.bans[class_id] = dict(bans)
@@ -153,6 +162,20 @@ def test_the_kernel_holds_a_client_from_the_line_and_the_agent_takes_over_or_let
     banning = hosts(client_rule(parse_client_key("dst/32"), "bytes", parse_threshold("2mbit"), "ban", 5.0))
     banning[0][0].arrive(0.1, 3, {HEAVY: 50_000})
     assert banning[0][0].lines[3][1] == 0 and not banning[0][0].holds.get(3)
+
+
+def test_held_clients_a_full_map_has_no_room_for_are_tried_again_each_tick():
+    group = hosts(throttle_rule(), n=1)
+    dp, rules = group[0]
+    dp.room = 1
+    dp.arrive(0.1, 3, {HEAVY: 100_000, LIGHT: 80_000})  # both over the line, 62,500
+    dp.holds[3] = set()                             # the kernel's map was full for its holds too
+    rules.tick(0.1, 1, 1.0)
+    assert set(dp.limits[3]) == {HEAVY} and rules.get("gold").unheld == 1
+    dp.room = 2
+    dp.arrive(0.2, 3, {})
+    rules.tick(0.2, 1, 1.0)                         # nothing moved but the room
+    assert set(dp.limits[3]) == {HEAVY, LIGHT} and rules.get("gold").unheld == 0
 
 
 def test_a_ban_reaches_every_host_and_unban_lifts_it_everywhere():
