@@ -111,8 +111,7 @@ class ClientMaps:
         for client in limits:                       # all checked before anything changes
             _check_client(class_id, client, rule)
         checked = {client: _rates(class_id, client, rates) for client, rates in limits.items()}
-        if limits:                                  # else _replace_clients clears the flag first
-            self._delete_clients(class_id, old.keys() - limits.keys(), table)
+        self._unlist(class_id, self._client_limits, limits.keys(), table)
         written, fresh, full = {}, False, []
         for client, rates in checked.items():
             was = old.get(client)
@@ -151,8 +150,7 @@ class ClientMaps:
             _check_client(class_id, client, rule)
             if not 0 <= until_ns < 2**64:
                 raise DatapathError(f"class {class_id}: ban until {until_ns!r} is not a CLOCK_MONOTONIC time in ns")
-        if bans:
-            self._delete_clients(class_id, old.keys() - bans.keys(), table)
+        self._unlist(class_id, self._client_bans, bans.keys(), table)
         written, full, changed = {}, [], False
         for client, until_ns in bans.items():
             if old.get(client) != until_ns:
@@ -242,10 +240,17 @@ class ClientMaps:
             raise DatapathError(f"class {class_id} has no client rule (set_client_rule first)")
         return rule
 
+    def _unlist(self, class_id: int, sets: dict, listed, table) -> None:
+        """Before a new set's writes: the clients of the class's set in ``sets`` that it no
+        longer lists go first, so that a full map has room for its new ones.  An empty set
+        leaves them to _replace_clients, which clears the class's flag before they go."""
+        if listed:
+            self._delete_clients(class_id, sets.get(class_id, {}).keys() - listed, table)
+
     def _replace_clients(self, class_id: int, sets: dict, new: dict, table) -> None:
-        """Make ``new`` (written already) the class's set in ``sets``: the class's flag in its
-        config follows (set after new entries, cleared before the last go), then the clients
-        no longer listed are deleted."""
+        """Make ``new`` (written already, after _unlist) the class's set in ``sets``: the
+        class's flag in its config follows (set after new entries, cleared before the last
+        go), then, when none is left, the clients are deleted (_unlist deleted the others')."""
         had, gone = class_id in sets, sets.get(class_id, {}).keys() - new.keys()
         if new:
             sets[class_id] = new
@@ -253,7 +258,8 @@ class ClientMaps:
             sets.pop(class_id, None)
         if bool(new) != had:
             self._write_client_config(class_id)
-        self._delete_clients(class_id, gone, table)
+        if not new:
+            self._delete_clients(class_id, gone, table)
 
     def _delete_clients(self, class_id: int, clients: Iterable[Client], table) -> None:
         for client in clients:

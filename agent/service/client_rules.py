@@ -97,8 +97,9 @@ class ClientRules:
             counts = self.dp.client_counts(cr.class_id, wanted) if wanted else {}
             cr.table.max_age_s = max_age_s          # follows the membership's liveness timeout
             t = cr.table.tick_counts(now, counts, n_hosts)
-            if cr.hold and new - t.limits.keys():      # first: room in the map for the writes
-                self.dp.drop_holds(cr.class_id, new - t.limits.keys())
+            let_go = new - t.limits.keys()
+            if cr.hold and let_go:                      # first: room in the map for the writes
+                self.dp.drop_holds(cr.class_id, let_go)
             self._write(cr, t, n_hosts)
             if t.resets:                            # banned or unbanned: judged on what comes next
                 self.dp.forget_clients(cr.class_id, t.resets)
