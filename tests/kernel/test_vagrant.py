@@ -32,8 +32,8 @@ ADDR = {"l1": "10.1.0.1", "l2": "10.1.0.2", "sink": "10.1.0.3"}
 LIMITERS = ("l1", "l2")
 WARMUP_S, MEASURE_S = 10, 30
 # Under TCG an agent ticking every 100 ms (the default; the lab's 50 ms) took 78-84 % of its
-# VM's one vCPU (an idle tick costs ~1.7 ms natively, ~45x that emulated), and the flows
-# starved: 8.93-9.17 Mbit/s at 50 ms.  200 ms gives a TCG VM about the CPU share a real
+# VM's one vCPU under this traffic (an idle tick takes ~1.7 ms natively), and at 50 ms the
+# flows starved: 8.93-9.17 Mbit/s.  200 ms gives a TCG VM about the CPU share a real
 # host's agent takes at 100 ms.
 INTERVAL = "200ms"
 
