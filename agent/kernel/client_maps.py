@@ -111,7 +111,7 @@ class ClientMaps:
         for client in limits:                       # all checked before anything changes
             _check_client(class_id, client, rule)
         checked = {client: _rates(class_id, client, rates) for client, rates in limits.items()}
-        self._unlist(class_id, self._client_limits, limits.keys(), table)
+        self._unlist(class_id, old, limits.keys(), table)
         written, fresh, full = {}, False, []
         for client, rates in checked.items():
             was = old.get(client)
@@ -150,7 +150,7 @@ class ClientMaps:
             _check_client(class_id, client, rule)
             if not 0 <= until_ns < 2**64:
                 raise DatapathError(f"class {class_id}: ban until {until_ns!r} is not a CLOCK_MONOTONIC time in ns")
-        self._unlist(class_id, self._client_bans, bans.keys(), table)
+        self._unlist(class_id, old, bans.keys(), table)
         written, full, changed = {}, [], False
         for client, until_ns in bans.items():
             if old.get(client) != until_ns:
@@ -240,12 +240,12 @@ class ClientMaps:
             raise DatapathError(f"class {class_id} has no client rule (set_client_rule first)")
         return rule
 
-    def _unlist(self, class_id: int, sets: dict, listed, table) -> None:
-        """Before a new set's writes: the clients of the class's set in ``sets`` that it no
+    def _unlist(self, class_id: int, old: dict, listed, table) -> None:
+        """Before a new set's writes: the clients of the class's ``old`` set that it no
         longer lists go first, so that a full map has room for its new ones.  An empty set
         leaves them to _replace_clients, which clears the class's flag before they go."""
         if listed:
-            self._delete_clients(class_id, sets.get(class_id, {}).keys() - listed, table)
+            self._delete_clients(class_id, old.keys() - listed, table)
 
     def _replace_clients(self, class_id: int, sets: dict, new: dict, table) -> None:
         """Make ``new`` (written already, after _unlist) the class's set in ``sets``: the
