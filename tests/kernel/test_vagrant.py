@@ -32,9 +32,8 @@ ADDR = {"l1": "10.1.0.1", "l2": "10.1.0.2", "sink": "10.1.0.3"}
 LIMITERS = ("l1", "l2")
 WARMUP_S, MEASURE_S = 10, 30
 # Under TCG an agent ticking every 100 ms (the default; the lab's 50 ms) took 78-84 % of its
-# VM's one vCPU under this traffic (an idle tick takes ~1.7 ms natively), and at 50 ms the
-# flows starved: 8.93-9.17 Mbit/s.  200 ms gives a TCG VM about the CPU share a real
-# host's agent takes at 100 ms.
+# VM's one vCPU under this traffic, and at 50 ms the flows starved: 8.93-9.17 Mbit/s
+# (bench/RESULTS.md "Agent cost").  At 200 ms they took 36-54 %.
 INTERVAL = "200ms"
 
 
@@ -67,10 +66,12 @@ def client_argv(host: str, i: int) -> list[str]:
 
 
 def agent_cpu_s(vms: VagrantCluster, host: str) -> float:
-    """CPU seconds the agent on ``host`` has used so far (user + system, from /proc)."""
-    out = vms.run(host, "sudo cat /proc/$(pgrep -o -f 'drl-agent up')/stat").stdout
-    fields = out.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the agent on ``host`` has used so far (user + system, from /proc, in
+    the guest's clock ticks)."""
+    out = vms.run(host, "getconf CLK_TCK; sudo cat /proc/$(pgrep -o -f 'drl-agent up')/stat").stdout
+    tck, stat = out.split("\n", 1)
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / int(tck)
 
 
 @pytest.fixture(scope="session")
