@@ -86,6 +86,7 @@ class PeerView(NamedTuple):
     n_alive: int                             # alive peers, self excluded
     reserved_Bps: float | None = None        # what stale peers' datapaths may still pass; None: 1/N each
     unheard_by: int = 0                      # alive peers that say they no longer hear us (heard_cap)
+    stale_reserves: tuple[float, ...] = ()   # reserved_Bps peer by peer, largest first
 
     @property
     def n_nodes(self) -> int:

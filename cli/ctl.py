@@ -151,6 +151,11 @@ def render(st: dict) -> str:
     for p in peers:
         seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"
         lines.append(f"  {p['node_id'] or '?':<16} {p['address']:<24} {p['state']:<6} last seen {seen}")
+    if (tree := st.get("sum_tree")) is not None:
+        role = "sums its group" if tree["summer"] == st["node_id"] else f"sends to {tree['summer']}"
+        covers = "no fresh sum" if tree["covers"] is None else f"reads a sum of {tree['covers']} peers"
+        lines.append(f"sum tree    {role}, {tree['leaves']} leaves, {covers}"
+                     + (f", passed over {' '.join(tree['passed_over'])}" if tree["passed_over"] else ""))
     lines += render_registry(st.get("registry"))
     for key, value in sorted(st.get("allocator_state", {}).items()):
         lines.append(f"  {st['allocator']}.{key} = {value}")

@@ -18,6 +18,11 @@ every node, in the same order (docs/design.md, "one tick"):
    graph neighbours), the outbox to its destinations, through the network;
 5. enforce: the demand model runs one interval under every node's Decision.
 
+With a gossip branching below N - 1, an allocator that reads only the peers' sum (FPS, GRD)
+gets it from agent.gossip.tree's SumTree, one per node, as the agent does: its LEAF, PARTIAL and
+TOTAL messages go through the network as point-to-point messages, and each node's view takes
+the tree's remote sum where the tree covers its alive peers (``SumTree.apply``).
+
 Only steps 3's inputs and outputs cross into allocator code; nothing of an
 allocator is re-implemented here.
 
@@ -44,13 +49,20 @@ from drl.agent.allocators.graph import Graph
 from drl.agent.estimator import Estimator
 from drl.agent.gossip.core import Cycle
 from drl.agent.gossip.membership import liveness_timeout
+from drl.agent.gossip.tree import SumTree, tree_wanted
+from drl.agent.gossip.wire import Sums
 from drl.agent.model import Envelope, Mode, Snapshot
 
 from .network import Network
 from .tcp import Enforcement
 from .trace import Trace
 from .views import ViewTable
-from .wiretap import WireTap
+from .wiretap import CLASS_ID, WireTap
+
+
+def _anyone(node_id: str) -> bool:
+    """Every member can be sent to: the simulated network routes by index."""
+    return True
 
 
 class Demand(Protocol):
@@ -79,6 +91,7 @@ class Setup:
     estimator_ewma: float = 0.1                     # per second, agent.estimator.Estimator's default
     seed: int = 0
     founders: int | None = None                     # members at start (the first ids); None: all
+    sum_tree: bool | None = None                    # None: where the agent uses it (tree.tree_wanted)
 
     def node_ids(self) -> tuple[str, ...]:
         width = len(str(self.n_nodes - 1))
@@ -96,6 +109,12 @@ class Setup:
         index = {nid: i for i, nid in enumerate(ids)}
         adj = self.graph.adjacency(self.founder_ids())
         return [[index[m] for m in adj.get(nid, ())] for nid in ids]
+
+    def uses_tree(self) -> bool:
+        if self.sum_tree is not None:
+            return self.sum_tree
+        reads_sum = getattr(create(self.allocator, **self.params), "reads_sum", False)
+        return self.graph is None and tree_wanted(self.n_nodes - 1, self.branching, reads_sum)
 
     def effective_branching(self) -> int:
         return min(self.branching, self.n_nodes - 1)
@@ -139,6 +158,8 @@ class Simulation:
         self.publish = np.zeros(n)
         self.control_bytes = 0          # point-to-point bytes sent this tick
         self.events: dict[int, list[Callable[["Simulation"], None]]] = {}
+        self.trees = ([SumTree(nid, setup.interval_s, self.views.stale_ticks * setup.interval_s) for nid in self.ids]
+                      if setup.uses_tree() else None)
         self.tick = 0
 
     def _cycle(self) -> Cycle:
@@ -166,6 +187,8 @@ class Simulation:
             self.update_seq[i, :] = 0
             self.cycles[i] = self._cycle()
             self.inbox[i] = []
+            if self.trees:
+                self.trees[i] = SumTree(self.ids[i], self.setup.interval_s, self.trees[i].timeout_s)
 
     def leave(self, nodes: Sequence[int]) -> None:
         """Nodes that leave the registry: stopped, and no member for anyone from now on."""
@@ -217,7 +240,10 @@ class Simulation:
         self.views.receive(batch, k)
         arrived = self.net.due_envelopes(k)
         for dst, env, _ in arrived:
-            self.inbox[dst].append(env)
+            if isinstance(env.body, Sums):
+                self.trees[dst].receive(env.src, env.body, k * self.setup.interval_s)
+            else:
+                self.inbox[dst].append(env)
         if arrived:
             dst, src, seq = (np.array(col) for col in
                              zip(*((d, self.index[e.src], q) for d, e, q in arrived)))
@@ -235,8 +261,11 @@ class Simulation:
             local = self.estimators[i].update(now, self.demand.counters(i),
                                               self.demand.flow_records(i, now), int(now * 1e9))
             nb = self.neighbours[i] if self.neighbours else None
+            view = self.views.view(i, k, nb)
+            if self.trees:
+                view = self.trees[i].apply(view, CLASS_ID, now)
             snap = Snapshot(now=now, node_id=self.ids[i], interval_s=s.interval_s, global_Bps=s.global_Bps,
-                            local=local, view=self.views.view(i, k, nb), inbox=tuple(self.inbox[i]))
+                            local=local, view=view, inbox=tuple(self.inbox[i]))
             self.inbox[i] = []
             out = self.alloc.step(self.states[i], snap)
             self.states[i], d = out.state, out.decision
@@ -288,6 +317,25 @@ class Simulation:
         seq = self.update_seq[src, dst].astype(np.int64)
         value = self.publish[src]
         self.net.send_updates(src, dst, value, seq, k)
+        if self.trees:
+            self._sum_round(senders, k, now)
         control = self.tap.updates_sent(seq) + self.control_bytes
         self.control_bytes = 0
         return control
+
+    def _sum_round(self, senders: np.ndarray, k: int, now: float) -> None:
+        """Every alive node's sum-tree messages (agent.gossip.tree), point to point."""
+        members = self.views.view(0, k).members
+        src, dst, seq, envs = [], [], [], []
+        for i in senders.tolist():
+            for to, sums in self.trees[i].round(members, {CLASS_ID: float(self.publish[i])}, now, _anyone):
+                j = self.index[to]
+                self.update_seq[i, j] += 1      # one sequence stream per (sender, receiver)
+                src.append(i)
+                dst.append(j)
+                seq.append(self.update_seq[i, j])
+                envs.append(Envelope(sums, dst=to, src=self.ids[i]))
+        if envs:
+            seq_a = np.array(seq)
+            self.control_bytes += self.tap.sums_sent(envs, seq_a, now)
+            self.net.send_envelopes(np.array(src), np.array(dst), envs, seq_a, k)

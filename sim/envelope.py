@@ -4,7 +4,7 @@
 
 The promise (docs/agent.md "The promise"): in every window of T >= 1 s all limiters together
 pass at most G x T + D, D the class's burst budget (agent/burst.py).  Of N FPS limiters
-(50 ms intervals, gossip branching 3, fluid TCP at 40 ms RTT, sim/tcp.py), a third are busy
+(50 ms intervals, gossip branching 3 and the agent's sum tree, fluid TCP at 40 ms RTT, sim/tcp.py), a third are busy
 all the time, a third never have traffic and the rest are busy, all stop at once, stay idle
 for 20 s and all start again at the same moment: their buckets are full and FPS has moved their
 share to the others.  The simulated limiters police (sim/tcp.py's token bucket drops), so D is
@@ -68,8 +68,9 @@ def budget(n: int) -> tuple[int, int]:
     return d, burst.host_depth(GLOBAL_Bps / n, GLOBAL_Bps, n, d, ENFORCE)
 
 
-def simulate(n: int, opts: Options, branching: int = BRANCHING) -> dict:
-    """One run; ``branching``: gossip targets per interval (bench/envelope.py compares them)."""
+def simulate(n: int, opts: Options, branching: int = BRANCHING, sum_tree: bool = True) -> dict:
+    """One run; ``branching``: gossip targets per interval, ``sum_tree``: the agent's sum tree where
+    it runs one (branching below the peers), or per-peer gossip alone (bench/envelope.py compares)."""
     busy, restarting, idle = groups(n, opts.seed)
     when = schedule(n, branching)
     rng = np.random.default_rng([opts.seed, n, 1])
@@ -83,10 +84,11 @@ def simulate(n: int, opts: Options, branching: int = BRANCHING) -> dict:
     d, depth = budget(n)
     tcp = TcpFluid(Flows.build(node, rtt_s=RTT_S, start_s=start, stop_s=stop), n, rng, bucket_bytes=depth)
     setup = Setup(allocator="fps", n_nodes=n, global_Bps=GLOBAL_Bps, interval_s=INTERVAL_S, branching=branching,
-                  delay_s=RTT_S / 2, seed=opts.seed)
+                  delay_s=RTT_S / 2, seed=opts.seed, sum_tree=None if sum_tree else False)
     sim = Simulation(setup, tcp)
     ticks = round(when["end_s"] / INTERVAL_S)
-    trace = sim.run(ticks, progress=opts.progress.task(f"envelope fps N={n} branching {branching}"))
+    trace = sim.run(ticks, progress=opts.progress.task(f"envelope fps N={n} branching {branching}"
+                                                      f"{' sum tree' if setup.uses_tree() else ''}"))
     delivered = trace.delivered_Bps
     phases = {"whole": (0.0, when["end_s"]), "startup": (0.0, when["warm_s"]),
               "measured": (when["warm_s"], when["end_s"]),
@@ -98,7 +100,7 @@ def simulate(n: int, opts: Options, branching: int = BRANCHING) -> dict:
         envelopes[name] = envelope(delivered[a:b], INTERVAL_S, GLOBAL_Bps, d, a * INTERVAL_S)
     per = round(1.0 / INTERVAL_S)
     seconds = _seconds(delivered, per)
-    return {"allocator": "fps", "limiters": n, "branching": branching,
+    return {"allocator": "fps", "limiters": n, "branching": branching, "sum_tree": setup.uses_tree(),
             "busy": len(busy), "busy_idle_busy": len(restarting), "idle": len(idle),
             "flows": int(len(node)), "enforce": ENFORCE, "budget_bytes": d, "host_depth_bytes": depth,
             **{k: round(v, 3) for k, v in when.items()},
@@ -106,6 +108,7 @@ def simulate(n: int, opts: Options, branching: int = BRANCHING) -> dict:
             "max_window_ratio_1s": float(seconds.max() / GLOBAL_Bps),
             "limit_sum_over_limit_max": float(trace.limit_sum_Bps[round(when["warm_s"] / INTERVAL_S):].max()
                                               / GLOBAL_Bps),
+            "control_bps_per_limiter": float(trace.control_Bps.mean() * 8 / n),
             "series": {"t_s": (np.arange(len(seconds)) + 1.0).tolist(), "aggregate_bps": (seconds * 8).tolist(),
                        "limit_sum_bps": (_seconds(trace.limit_sum_Bps, per) * 8).tolist()}}
 

@@ -3,6 +3,7 @@
     net = Network(n_nodes=100, interval_s=0.05, loss=0.01, delay_s=0.02, rng=rng)
     net.send_updates(src, dst, values, seqs, tick)   # numpy arrays, one entry per message
     net.send_envelope(src, dst, envelope, seq, tick) # one point-to-point Envelope
+    net.send_envelopes(src, dst, envelopes, seqs, tick)  # many (arrays, a list of Envelopes)
     ups = net.due_updates(tick + 1)                  # what arrives one tick later
     net.crash([3, 4]); net.partition(groups); net.heal(); net.rejoin([3])
 
@@ -102,9 +103,15 @@ class Network:
             self._updates[int(t)].append(batch.select(arrive == t))
 
     def send_envelope(self, src: int, dst: int, env: Envelope, seq: int, tick: int) -> None:
-        if not self._survives(np.array([src]), np.array([dst]))[0]:
-            return
-        self._envelopes[int(self._arrival_ticks(tick, 1)[0])].append((dst, env, seq))
+        self.send_envelopes(np.array([src]), np.array([dst]), [env], np.array([seq]), tick)
+
+    def send_envelopes(self, src: np.ndarray, dst: np.ndarray, envs: list[Envelope], seq: np.ndarray,
+                       tick: int) -> None:
+        """Point-to-point messages, one per entry (the sum tree sends thousands a tick)."""
+        ok = np.flatnonzero(self._survives(src, dst))
+        arrive = self._arrival_ticks(tick, len(ok))
+        for t, j in zip(arrive.tolist(), ok.tolist()):
+            self._envelopes[t].append((int(dst[j]), envs[j], int(seq[j])))
 
     # --- receiving ----------------------------------------------------
     def due_updates(self, tick: int) -> Updates:

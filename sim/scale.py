@@ -11,6 +11,10 @@ limiter (real datagram sizes, sim.wiretap).  References: CTB, one token
 bucket that all of the flows cross, and GRD at br = 3 (the paper reports it
 "fails to limit the aggregate rate" beyond 50 limiters).
 
+Gossip is the paper's, per-peer only (``Setup.sum_tree=False``): the agent's sum tree
+(agent/gossip/tree.py) would bring FPS and GRD their peers' sum in three intervals whatever the
+branching, and the figure is about the branching.
+
 Deviation from the paper, for simulation time: the flows all start during the
 first 2 s and live through the run (the paper starts one every 100 ms and
 lets each live 60 s).  Measurement starts after every node has heard from
@@ -56,7 +60,7 @@ def measure(allocator: str, n: int, branching: int, flow_nodes: np.ndarray, opts
     flows = Flows.build(nodes, rtt_s=RTT_S, start_s=rng.uniform(0.0, 2.0, len(nodes)))
     tcp = TcpFluid(flows, n_sim, rng)
     setup = Setup(allocator=allocator, n_nodes=n_sim, global_Bps=GLOBAL_Bps, interval_s=INTERVAL_S,
-                  branching=branching, loss=LOSS, delay_s=RTT_S / 2, seed=opts.seed)
+                  branching=branching, loss=LOSS, delay_s=RTT_S / 2, seed=opts.seed, sum_tree=False)
     sim = Simulation(setup, tcp)
     warm = math.ceil((n_sim - 1) / max(1, setup.effective_branching())) + round(SETTLE_S / INTERVAL_S)
     label = f"{allocator} N={n} br={branching}"

@@ -76,6 +76,8 @@ class ViewTable:
         restarted peer's values as soon as it hears the new incarnation."""
         key = np.unique(dst * len(self.node_ids) + src)
         dst, src = key // len(self.node_ids), key % len(self.node_ids)
+        again = self.heard[dst, src] == tick         # heard this tick already: one expiry per hearing
+        dst, src = dst[~again], src[~again]
         value = np.where(self.last_seq[dst, src] == NEVER, 0.0, self.values[dst, src])
         self._heard(dst, src, value, tick)
 

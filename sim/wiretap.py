@@ -47,7 +47,7 @@ class WireTap:
         self.monitored[rng.choice(n, size=min(n, monitors), replace=False)] = True
         self.incarnation = new_incarnation()       # wall-clock ms, as the agent's: 6 varint bytes
         self._windows: dict[tuple[int, int], lives.SeqWindow] = {}
-        self._size_cache: dict[int, int] = {}
+        self._size_cache: dict = {}        # datagram shape -> bytes
         self.lost = 0          # net count from SeqWindow.accept: gaps minus late arrivals
         self.accepted = 0
         self.replayed = 0
@@ -74,6 +74,21 @@ class WireTap:
 
     def envelope_sent(self, src: str, env: Envelope, seq: int, sent_at: float) -> int:
         return self._datagram_bytes(src, env.dst, seq, sent_at, env.body, CLASS_ID)
+
+    def sums_sent(self, envs: list[Envelope], seq: np.ndarray, sent_at: float) -> int:
+        """Total bytes of sum-tree datagrams (agent.gossip.tree): sized once per shape, the way
+        update_size is (a Sums' size depends on its kind, counts and lengths, not on its sums)."""
+        total = 0
+        for env, length in zip(envs, varint_len(seq).tolist()):
+            body = env.body
+            shape = (length, body.kind, body.nodes.bit_length() // 7, len(body.values),
+                     len(body.summers), sum(map(len, body.summers)))
+            size = self._size_cache.get(shape)
+            if size is None:
+                size = self._size_cache[shape] = self._datagram_bytes(
+                    env.src, env.dst, 1 << (7 * (length - 1)), sent_at or 1.5, body)
+            total += size
+        return total
 
     def received(self, dst: np.ndarray, src: np.ndarray, seq: np.ndarray) -> None:
         """Datagrams delivered (any kind, one sequence stream per link, as in agent.gossip)."""

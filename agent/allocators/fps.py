@@ -66,7 +66,11 @@ Choices where the paper leaves room, each explained at its code:
   refusals renew a hold only once it has paid, i.e. demand grew past 1.5 x what it
   was when the hold began (a sender took the room: a BBR newcomer grows
   several times); a hold that ran out unpaid allows none for 3 s x 4^k
-  after the k-th such hold in a row, at most 60 s (churn: 0.970).
+  after the k-th such hold in a row, at most 60 s (churn: 0.970), times a factor
+  between 0.5 and 1 drawn from the node id and k: limiters that started
+  together otherwise probe together, and with the sum tree's exact sums the
+  churn run's 1,000 limiters all held at once 17 s and 68 s after their
+  start, taking the aggregate to 0.924 of the limit for a second.
 * ``ewma`` (0.1): the paper's "1-second EWMA parameter" (§5.1, footnote 4),
   applied to the weight ("we apply an EWMA to smooth this oscillation",
   §3.2.2): the share of the old weight left after one second; a tick of
@@ -105,6 +109,7 @@ passed + dropped) and ``flow_rates_Bps`` (the sampled flows' rates).
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -138,6 +143,13 @@ class FpsState(NamedTuple):
     hold: Hold = Hold()
 
 
+def _spread(node_id: str, k: int) -> float:
+    """A factor in [0.5, 1) for the k-th quiet period, the same for a node every time (the
+    allocator is pure) and different between nodes: limiters that started together must not
+    probe together (``refused_quiet_max_s`` in the module docstring)."""
+    return 0.5 + (zlib.crc32(f"{node_id}/{k}".encode()) % 4096) / 8192
+
+
 def proportional_share(weight: float, remote_weights: float, limit_Bps: float, n_sharing: int) -> float:
     """FPS-ESTIMATE line 10: weight * L / (remoteweights + weight).
 
@@ -167,6 +179,7 @@ def bottlenecked_weight(demand_Bps: float, remote_weights: float, limit_Bps: flo
 @dataclass(frozen=True)
 class FlowProportionalShare:
     name: ClassVar[str] = "fps"
+    reads_sum: ClassVar[bool] = True     # reads only the peers' sum: the sum tree may supply it
     ewma: float = 0.1
     sample_probability: float = 0.1
     min_flow_fraction: float = 1e-4
@@ -230,7 +243,8 @@ class FlowProportionalShare:
         now, local = snap.now, snap.local
         if float("-inf") < hold.until <= now:            # it ran out
             unpaid = 0 if hold.paid else min(hold.unpaid + 1, UNPAID_MAX)
-            quiet_s = min(self.refused_quiet_max_s, self.refused_hold_s * 4 ** unpaid) if unpaid else 0.0
+            quiet_s = (min(self.refused_quiet_max_s, self.refused_hold_s * 4 ** unpaid) * _spread(snap.node_id, unpaid)
+                       if unpaid else 0.0)
             hold = Hold(quiet_until=now + quiet_s, unpaid=unpaid)
         if now < hold.until and local.demand_Bps >= PAID_GROWTH * hold.demand_Bps:
             hold = hold._replace(paid=True)

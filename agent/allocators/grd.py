@@ -30,6 +30,7 @@ from .common import drop_probability
 @dataclass(frozen=True)
 class GlobalRandomDrop:
     name: ClassVar[str] = "grd"
+    reads_sum: ClassVar[bool] = True     # reads only the peers' sum: the sum tree may supply it
 
     def initial_state(self, node_id: str, members: tuple[str, ...]) -> None:
         return None

@@ -78,8 +78,8 @@ from typing import Callable, Hashable, Mapping, NamedTuple, Sequence
 
 from drl.agent.model import Envelope
 from drl.agent.gossip.lives import Lives
-from drl.agent.gossip.wire import (MAX_DATAGRAM, Batch, ClassClients, ClassValue, Header, LimitNote, Message, Payload, Reason, decode,
-                   encode, pack, pack_reports)
+from drl.agent.gossip.wire import (MAX_DATAGRAM, Batch, ClassClients, ClassValue, Header, LimitNote, Message, Payload, Reason, Sums,
+                   decode, encode, pack, pack_reports, pack_sums)
 
 CLUSTER = "drl"     # one cluster per key; the header field keeps two keyed clusters apart on one port
 
@@ -435,6 +435,18 @@ class GossipCore:
             self.stats.unroutable += 1
             return None
         return addr, self._datagram(addr, class_id, env.body, now)
+
+    def knows(self, node: str) -> bool:
+        """Whether we know ``node``'s address (named, or learned from its datagrams)."""
+        return node in self._addr_of
+
+    def sums(self, node: str, sums: Sums, now: float) -> list[tuple[Addr, bytes]]:
+        """The datagrams carrying ``sums`` to ``node`` (agent/gossip/tree.py); none before we know
+        its address (the tree sends only to peers it ``knows``)."""
+        addr = self._addr_of.get(node)
+        if addr is None:
+            return []
+        return [(addr, self._datagram(addr, 0, part, now)) for part in pack_sums(sums, self._room(addr))]
 
     def _datagram(self, addr: Addr, class_id: int, payload: Payload, now: float) -> bytes:
         """One datagram to ``addr``, naming its life as we last heard it and how long ago we last

@@ -198,14 +198,16 @@ class Membership:
         With ``safe_Bps`` (the class's fail-safe rate) the view also reserves what every
         stale peer's datapath may still pass (:meth:`may_still_pass`)."""
         rows, members, n_alive, sums, stale, unheard = self._rows(now)
-        reserved = None
+        reserved, each = None, []
         if safe_Bps is not None:
             heard = [now - age for _, age in stale if age < math.inf]     # a peer never heard: ours now
             history = self._safe_history(class_id, now, safe_Bps, heard)
-            reserved = sum(self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now,
+            each = sorted((self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now,
                                                _safe_since(history, now - age - self.timeout_s))
-                           for values, age in stale) if stale else 0.0
-        return PeerView(members, _Peers(rows, class_id), sums.get(class_id, 0.0), n_alive, reserved, unheard)
+                           for values, age in stale), reverse=True)
+            reserved = sum(each)
+        return PeerView(members, _Peers(rows, class_id), sums.get(class_id, 0.0), n_alive, reserved, unheard,
+                        tuple(each))
 
     def _safe_history(self, class_id: int, now: float, safe_Bps: float, last_seen: list[float]) -> list:
         """The class's safe rate from ``now`` on, noted after the ones before: a stale peer's

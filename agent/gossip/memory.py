@@ -50,6 +50,12 @@ class MemoryTransport:
             self.sent.append(routed)
         return routed is not None
 
+    def send_sums(self, node, sums, now):
+        self.sent += self.core.sums(node, sums, now)
+
+    def knows(self, node):
+        return self.core.knows(node)
+
     def set_peers(self, peers, timeout_s=None):
         self.core.set_peers(list(peers), {a: n for a, n in peers.items() if n}, timeout_s)
         self.peer_addrs = self.core.peers

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 from drl.agent.gossip.core import GossipCore, Outgoing, PeerList, Received, Stats
 from drl.agent.model import Envelope
 from drl.agent.gossip.peers import HostPort, format_addr
-from drl.agent.gossip.wire import MAX_DATAGRAM, ClassClients, LimitNote, Reason
+from drl.agent.gossip.wire import MAX_DATAGRAM, ClassClients, LimitNote, Reason, Sums
 
 
 class TransportError(Exception):
@@ -190,6 +190,14 @@ class UdpTransport:
             self._sendto(routed[1], routed[0])
         return routed is not None
 
+    def send_sums(self, node: str, sums: Sums, now: float) -> None:
+        """One sum-tree message to ``node`` (GossipCore.sums)."""
+        for addr, data in self.core.sums(node, sums, now):
+            self._sendto(data, addr)
+
+    def knows(self, node: str) -> bool:
+        return self.core.knows(node)
+
     def _sendto(self, data: bytes, addr: HostPort) -> None:
         try:
             self.sock.sendto(data, addr)
@@ -238,6 +246,12 @@ class Standalone:
         pass
 
     def send(self, env: Envelope, class_id: int, now: float) -> bool:
+        return False
+
+    def send_sums(self, node: str, sums: Sums, now: float) -> None:
+        pass
+
+    def knows(self, node: str) -> bool:
         return False
 
     def close(self) -> None:

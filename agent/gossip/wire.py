@@ -40,12 +40,14 @@ from drl.agent import units
 from drl.agent.clients.reports import BanNote, ClientReport, report_bytes
 from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
-# 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one
+# 5: the sum tree's Sums (a limiter of version 4 would never answer one, and its value would be
+# missing from every total); 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one
 # as the other, so they refuse each other's datagrams); 2: every class's value in a Batch (1: one
 # Update datagram per class)
-VERSION = 4
+VERSION = 5
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
+MAX_SUM_NODES = 1 << 20   # limiters a Sums may count: far above any cluster, far below overflow
 
 
 class Reason(str, enum.Enum):
@@ -119,7 +121,23 @@ class ClientReports:
     reports: tuple[ClassClients, ...] = ()
 
 
-Payload = Union[Batch, ClientReports, Body]
+class SumKind(enum.IntEnum):
+    """What a :class:`Sums` carries (agent/gossip/tree.py)."""
+    LEAF = 1        # the sender's own values, to the limiter that sums its group
+    PARTIAL = 2     # the sum over the leaves that chose the sender, to the other summing limiters
+    TOTAL = 3       # everyone's sum but the receiver's own value, to a leaf
+
+
+@dataclass(frozen=True, slots=True)
+class Sums:
+    """Per-class sums of the sum tree; a class missing is 0.  ``nodes``: the limiters summed."""
+    kind: SumKind
+    nodes: int
+    values: tuple[tuple[int, float], ...] = ()      # (class key, sum)
+    summers: tuple[str, ...] = ()                   # PARTIAL: the summers the sender knows of
+
+
+Payload = Union[Batch, ClientReports, Sums, Body]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +154,7 @@ _KINDS: dict[str, type] = {
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 _KIND_OF[Batch] = "batch"
 _KIND_OF[ClientReports] = "client_reports"
+_KIND_OF[Sums] = "sums"
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 _HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(Header))
 
@@ -157,6 +176,13 @@ def encode(msg: Message, key: bytes | None) -> bytes:
     elif cls is ClientReports:
         for entry in msg.payload.reports:
             _fill_report(sub.reports.add(), entry)
+    elif cls is Sums:
+        sub.kind, sub.nodes = msg.payload.kind, msg.payload.nodes
+        if msg.payload.values:
+            keys, values = zip(*msg.payload.values)
+            sub.keys.extend(keys)
+            sub.values.extend(values)
+        sub.summers.extend(msg.payload.summers)
     for name in _FIELDS.get(cls, ()):
         setattr(sub, name, getattr(msg.payload, name))
     body = dg.SerializeToString()
@@ -190,6 +216,8 @@ def _parse(body: bytes) -> Message | Reason:
         payload = _read_batch(dg.batch)
     elif kind == "client_reports":
         payload = _read_reports(dg.client_reports)
+    elif kind == "sums":
+        payload = _read_sums(dg.sums)
     else:
         payload = _read_body(_KINDS[kind], getattr(dg, kind))
     header = Header(**{name: getattr(dg.header, name) for name in _HEADER_FIELDS})
@@ -250,6 +278,39 @@ def _limit_ok(note: LimitNote) -> bool:
     the bounds."""
     return (note.version + 1 < units.MAX_VERSION and math.isfinite(note.global_Bps)
             and units.MIN_RATE_Bps <= note.global_Bps <= units.MAX_RATE_Bps)
+
+
+def _read_sums(sub) -> Sums | Reason:
+    """Well-formed Sums: a known kind, parallel arrays, sums finite and >= 0 (a negative one
+    would take from everyone's total), at most MAX_SUM_NODES limiters."""
+    if sub.kind not in SumKind.__members__.values() or len(sub.keys) != len(sub.values):
+        return Reason.GARBAGE
+    if sub.nodes > MAX_SUM_NODES or not all(math.isfinite(v) and v >= 0.0 for v in sub.values):
+        return Reason.OUT_OF_RANGE
+    if not all(sub.summers):
+        return Reason.GARBAGE
+    return Sums(SumKind(sub.kind), sub.nodes, tuple(zip(sub.keys, sub.values)), tuple(sub.summers))
+
+
+def pack_sums(sums: Sums, room: int) -> list[Sums]:
+    """``sums`` in as many datagrams as it takes, each at most ``room`` bytes (the datagram less
+    its header and tag), every one with its kind and node count; the summers go in the first,
+    as many as fit beside at least one class."""
+    room -= 3 + 2 + 6 + 2 * 3      # the oneof's tag and length; kind; nodes; two arrays' tags and lengths
+    summers, used = [], 13
+    for node in sums.summers:
+        size = len(node.encode())
+        cost = 1 + (size.bit_length() + 6) // 7 + size            # tag, length, the id
+        if used + cost > room:
+            break
+        summers.append(node)
+        used += cost
+    first = max(1, (room - used) // 13)       # a class: fixed32 key and double sum (12), and slack
+    per = max(1, room // 13)
+    values = sums.values
+    parts = [Sums(sums.kind, sums.nodes, values[:first], tuple(summers))]
+    parts += [Sums(sums.kind, sums.nodes, values[i:i + per]) for i in range(first, len(values), per)]
+    return parts
 
 
 def _fill_report(sub, entry: ClassClients) -> None:

@@ -83,6 +83,12 @@ class ClassTable:
         run = self._by_key.get(key)
         return run is not None and hasattr(run.conf.allocator, "indicator")
 
+    def reads_sum(self, key: int) -> bool:
+        """Whether class ``key``'s allocator reads only the sum of its peers' values (FPS, GRD),
+        which the sum tree can bring (agent/gossip/tree.py)."""
+        run = self._by_key.get(key)
+        return run is not None and getattr(run.conf.allocator, "reads_sum", False)
+
     def get(self, name: str) -> ClassRun | None:
         return self._runs.get(name)
 

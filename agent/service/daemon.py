@@ -53,7 +53,8 @@ from drl.agent.gossip.core import CLUSTER, Outgoing, new_incarnation
 from drl.agent.gossip.interface import TransportPort
 from drl.agent.gossip.membership import Membership
 from drl.agent.gossip.transport import Standalone, TransportError, UdpTransport
-from drl.agent.gossip.wire import Batch, ClientReports
+from drl.agent.gossip.tree import SumTree, tree_wanted
+from drl.agent.gossip.wire import Batch, ClientReports, Sums
 from drl.agent.kernel import rtnetlink
 from drl.agent.kernel.datapath import Counters, Datapath, DatapathError, now_ns
 from drl.agent.kernel.interface import DatapathPort, ShaperPort
@@ -209,6 +210,8 @@ class Agent:
         self.members = Membership(cfg.node_id, self.transport.peer_addrs, cfg.peer_timeout_s, names=names,
                                   failsafe_s=cfg.failsafe_s, slack_s=slack_s(cfg, len(cfg.peers)))
         self.sync = RegistrySync(cfg, self.transport, self.members)
+        self.tree = SumTree(cfg.node_id, cfg.interval_s, self.members.timeout_s)
+        self.tree_on = False        # this tick's: tree_wanted (the peers and the classes may change)
         if cfg.registry is not None:
             self._stack.callback(self._leave_registry)    # runs after the datapath's close: we leave last
             self.cfg = cfg = dataclasses.replace(cfg, classes=self.sync.start())
@@ -350,6 +353,8 @@ class Agent:
                 self.members.observe(rx, now)
                 if isinstance(rx.payload, Batch):
                     self.limits.heard(rx)
+                elif isinstance(rx.payload, Sums):
+                    self.tree.receive(rx.header.node, rx.payload, now)
                 elif isinstance(rx.payload, ClientReports):
                     self.clients.receive(rx.header.node, rx.payload, now)
                 elif (run := self.table.by_key(rx.header.class_id)) is not None:
@@ -449,6 +454,11 @@ class Agent:
         self.dp.heartbeat()     # every config stays fresh, the ones _enforce did not write again too
         self.unmatched.observe(now, runs, counters, self.dp.read_bypass(), gossip_wire_bytes(self.transport.stats))
         self.transport.publish(out, now)
+        try:
+            self._sum_round(out, now)
+        except Exception as e:      # the classes read per-peer gossip's sums instead (tree_on)
+            self.tree_on = False
+            self.errors.record("sum_tree", e, now)
         if self.clients:
             n_hosts = 1 + self.members.view(0, now).n_alive      # the hosts whose reports count
             reports = self.clients.tick(now, n_hosts, self.members.timeout_s)
@@ -456,6 +466,16 @@ class Agent:
                 self.transport.report_clients(reports, now)
         self.changes.log(now, self.transport.stats.rejected, self.members.status(now), self.table)
         self.ticks += 1
+
+    def _sum_round(self, out: dict[int, Outgoing], now: float) -> None:
+        """The sum tree's messages (agent/gossip/tree.py), when per-peer gossip is slower than one
+        interval and some class's allocator reads only the sum of its peers' values."""
+        summed = {key: o.value for key, o in out.items() if self.table.reads_sum(key)}
+        self.tree_on = tree_wanted(len(self.transport.peer_addrs), self.cfg.branching, bool(summed))
+        if self.tree_on:
+            self.tree.timeout_s = self.members.timeout_s
+            for node, sums in self.tree.round(self.members.view(0, now).members, summed, now, self.transport.knows):
+                self.transport.send_sums(node, sums, now)
 
     def _fall_back(self, run: ClassRun) -> None:
         """A class whose step failed is held to its safe rate, and says nothing this round.  If
@@ -481,6 +501,8 @@ class Agent:
         limit = self.book.get(run.name)
         safe_Bps = safe_rate(run.conf, limit, self.members.n_nodes)
         view = self.members.view(run.conf.key, now, safe_Bps)
+        if self.tree_on and self.table.reads_sum(run.conf.key):
+            view = self.tree.apply(view, run.conf.key, now)
         snap = Snapshot(now, cfg.node_id, cfg.interval_s, limit.global_Bps, local, view, tuple(run.inbox))
         run.inbox = []
         step = run.conf.allocator.step(run.state, snap)

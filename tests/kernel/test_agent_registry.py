@@ -208,19 +208,21 @@ def test_gdrl_class_from_etcd_rejoins_under_its_id_and_the_sum_stays_at_the_limi
 
 
 # FPS evaluates line 10 on the weights each agent has heard (fps.py), which sum to 1 only when
-# the views agree.  With --branching 3 gossip reached 3 of 15 peers a round: while the 8 senders'
-# weights grew from 0 after the idle split, each heard the others' rounds late (h1 once held
-# weight 0.10 against 0.016 heard, 1.48 published, and took 35.5 of 40 Mbit/s); the local
-# limits summed to 1.09-3.12 G and 3 runs of 5 went over the envelope (1.018, 1.023, 1.082).
-# The default branching (16) reaches every peer each round: this test holds it to that.
-def test_sixteen_agents_from_etcd_eight_sending_hold_the_envelope_and_use_the_limit(make_fleet):
+# the views agree.  With --branching 3 and per-peer gossip alone, gossip reached 3 of 15 peers a
+# round: while the 8 senders' weights grew from 0 after the idle split, each heard the others'
+# rounds late (h1 once held weight 0.10 against 0.016 heard, 1.48 published, and took 35.5 of
+# 40 Mbit/s); the local limits summed to 1.09-3.12 G and 3 runs of 5 went over the envelope
+# (1.018, 1.023, 1.082).  The default branching (16) reaches every peer each round; at 3 the
+# agents now read the weights' sum from the sum tree (agent/gossip/tree.py) instead.
+@pytest.mark.parametrize("branching", [16, 3], ids=["mesh", "sum-tree"])
+def test_sixteen_agents_from_etcd_eight_sending_hold_the_envelope_and_use_the_limit(make_fleet, branching):
     """16 agents that know each other only through etcd, 8 of them sending two TCP flows each and
     8 idle, FPS in the default mode (shape): the senders get the limit the idle ones do not use,
     and every window of 1 s or more stays within G x T + D (agent/burst.py)."""
     lab, _, _, start_together = make_fleet(17)
     hosts, sink = lab.hosts[:16], lab.hosts[16]
     t0 = time.monotonic()
-    agents = start_together(hosts, global_="40mbit")
+    agents = start_together(hosts, "--branching", str(branching), global_="40mbit")
     started = time.monotonic() - t0
     joined = wait_members(agents, 16, timeout_s=20)
     limit_Bps, d = 40e6 / 8, budget(40e6 / 8, 16, "shape")
@@ -248,3 +250,8 @@ def test_sixteen_agents_from_etcd_eight_sending_hold_the_envelope_and_use_the_li
     # the check is that the idle hosts' shares went to the senders (else ~0.5)
     assert 0.8 <= used <= 1.0, used
     assert env["ratio"] <= 1.0, f"{env['ratio']:.3f} of G x T + D over {env['ratio_window_s']} s at {env['ratio_at_s']} s"
+    trees = [a.status()["sum_tree"] for a in agents]
+    if branching < 15:           # one group of 16: every agent reads a sum of its 15 peers from h1
+        assert all(t["covers"] == 15 and t["summer"] == "h1" for t in trees), trees
+    else:
+        assert trees == [None] * 16

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators import common, create
 from drl.agent.allocators.common import ParameterError
-from drl.agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, UNPAID_MAX, FpsState, Hold
+from drl.agent.allocators.fps import BOTTLENECKED, SLOW_START, UNBOTTLENECKED, UNPAID_MAX, FpsState, Hold, _spread
 from drl.agent.model import Local, PeerState, Snapshot
 
 MBIT = 1e6 / 8                     # bytes/s
@@ -153,8 +153,16 @@ def test_a_hold_that_ran_out_unpaid_allows_none_for_3s_times_4_to_the_k(unpaid, 
     state = FpsState(weight=1.0, limit_Bps=2 * MBIT, now=2.95,
                      hold=Hold(3.0, 0.45 * MBIT, 0.5 * MBIT, paid=paid, unpaid=unpaid))
     hold = one_step(state, BURSTY, [4.0], now=3.0).state.hold
-    assert (hold.quiet_until, hold.unpaid) == (pytest.approx(3.0 + quiet_s), 0 if paid else min(unpaid + 1, UNPAID_MAX))
+    k = 0 if paid else min(unpaid + 1, UNPAID_MAX)
+    assert (hold.quiet_until, hold.unpaid) == (pytest.approx(3.0 + quiet_s * (_spread("n0", k) if k else 1)), k)
     assert hold.until == (pytest.approx(6.0) if paid else -math.inf)      # a paid one: a new hold now
+
+
+def test_quiet_times_differ_between_nodes_and_stay_between_half_and_all_of_the_nominal():
+    """Limiters that started together must not probe together (fps.py refused_quiet_max_s)."""
+    spreads = [_spread(f"h{i}", k) for i in range(200) for k in (1, 2, 3)]
+    assert all(0.5 <= x < 1.0 for x in spreads) and len(set(spreads)) > 500
+    assert _spread("h7", 2) == _spread("h7", 2)           # pure: the same node, the same k
 
 
 def test_holds_that_never_pay_can_go_on_for_days():

@@ -19,8 +19,9 @@ from drl.agent.clients.reports import MAX_BAN_NOTES, REPORT_K, BanNote, ClientRe
 from drl.agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 from drl.agent.gossip.keys import KeyFileError, load_key
 from drl.agent.gossip.lives import SeqWindow
-from drl.agent.gossip.wire import (MAX_DATAGRAM, TAG_BYTES, Batch, ClassClients, ClassValue, ClientReports, Header,
-                                   LimitNote, Message, Reason, decode, encode, pack_reports)
+from drl.agent.gossip.wire import (MAX_DATAGRAM, MAX_SUM_NODES, TAG_BYTES, Batch, ClassClients, ClassValue,
+                                   ClientReports, Header, LimitNote, Message, Reason, Sums, SumKind, decode, encode,
+                                   pack_reports, pack_sums)
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 KEY = b"k" * 32
@@ -49,7 +50,9 @@ def clients(v6_len: int = 64) -> ClientReports:
 
 PAYLOADS = [update(1_250_000.0), update(0.0), Batch(), Batch((), (LimitNote(5, 2, 1.25e6),)), Transfer(7, 1e6, 3e6),
             TransferAck(7, False, 3e6), TransferAck(8, True, 0.0), LeaseRequest(5e5),
-            LeaseGrant(4e5, 10.0, 2.5), Report(1e9, 2e9), clients(), clients(v6_len=128)]
+            LeaseGrant(4e5, 10.0, 2.5), Report(1e9, 2e9), clients(), clients(v6_len=128),
+            Sums(SumKind.LEAF, 1, ((7, 2.5), (0xC0FFEE, 1.25e6))), Sums(SumKind.LEAF, 0),
+            Sums(SumKind.PARTIAL, 32, ((7, 80.0),), ("n0000", "n0032")), Sums(SumKind.TOTAL, 999, ((7, 1e-300),))]
 
 
 def test_checked_in_code_is_current(tmp_path):
@@ -275,3 +278,37 @@ def _report_with(count: float = 1.0, version: int = 3, remaining_s: float = 59.5
 def test_a_client_report_outside_its_bounds_is_out_of_range(payload):
     assert decode(encode(Message(header(), payload), KEY), KEY, CLUSTER) is Reason.OUT_OF_RANGE
     assert decode(encode(Message(header(), _report_with()), KEY), KEY, CLUSTER).payload == _report_with()
+
+
+@pytest.mark.parametrize("payload,reason", [
+    (Sums(SumKind.TOTAL, 9, ((7, -1.0),)), Reason.OUT_OF_RANGE),        # would take from every total
+    (Sums(SumKind.TOTAL, 9, ((7, math.nan),)), Reason.OUT_OF_RANGE),
+    (Sums(SumKind.PARTIAL, 9, ((7, math.inf),)), Reason.OUT_OF_RANGE),
+    (Sums(SumKind.PARTIAL, MAX_SUM_NODES + 1, ((7, 1.0),)), Reason.OUT_OF_RANGE),
+    (Sums(0, 9, ((7, 1.0),)), Reason.GARBAGE),                           # no such kind
+    (Sums(4, 9, ((7, 1.0),)), Reason.GARBAGE),
+    (Sums(SumKind.PARTIAL, 9, ((7, 1.0),), ("n1", "")), Reason.GARBAGE),  # an empty summer id
+])
+def test_sums_outside_their_bounds_are_refused(payload, reason):
+    assert decode(encode(Message(header(), payload), KEY), KEY, CLUSTER) is reason
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(0, 5000), summers=st.lists(st.text(min_size=1, max_size=64), max_size=80),
+       kind=st.sampled_from(list(SumKind)))
+def test_sums_are_packed_into_datagrams_that_fit_and_carry_every_class_once(n, summers, kind):
+    """Thousands of classes and as many long summer ids as a PARTIAL can name, behind the longest
+    header: every part fits, carries the kind and count, and the classes arrive once, in order."""
+    values = tuple((key, 3.4e38 * key / 5000) for key in range(n))
+    h = header(cluster="c" * 64, node="n" * 64, dst="d" * 64, seq=2**64 - 1, incarnation=2**64 - 1, class_id=0)
+    room = MAX_DATAGRAM - len(encode(Message(h, Batch()), KEY))
+    parts = pack_sums(Sums(kind, MAX_SUM_NODES, values, tuple(summers)), room)
+    got = []
+    for part in parts:
+        data = encode(Message(h, part), KEY)
+        assert len(data) <= MAX_DATAGRAM
+        back = decode(data, KEY, "c" * 64).payload
+        assert (back.kind, back.nodes) == (kind, MAX_SUM_NODES)
+        got += back.values
+    assert tuple(got) == values
+    assert summers[:len(parts[0].summers)] == list(parts[0].summers) and all(not p.summers for p in parts[1:])

@@ -38,6 +38,8 @@ STATUS_KEYS = {
     "drop_probability", "demand_bps", "rate_bps", "flows", "max_flow_bps", "passed_bytes",
     "passed_packets", "dropped_bytes", "dropped_packets", "quota_bytes_left", "allocator_state",
     "gossip", "peers",
+    # the sum tree's state (null when the agent does not run it)
+    "sum_tree",
     # since classes: the default (or first) class's version and lost values, the lone-agent flag, every class
     "limit_version", "gossip_lost", "standalone", "classes", "ticks",
     # whether our filter is still attached

@@ -17,10 +17,11 @@ from drl.sim.tcp import Flows, TcpFluid
 L = parse_rate("50mbit")
 
 
-def _tcp_sim(allocator: str, n: int, flow_nodes, start_s, loss: float = 0.0, seed: int = 1) -> Simulation:
+def _tcp_sim(allocator: str, n: int, flow_nodes, start_s, loss: float = 0.0, seed: int = 1,
+             sum_tree: bool | None = None) -> Simulation:
     rng = np.random.default_rng(seed)
     flows = Flows.build(flow_nodes, rtt_s=0.04, start_s=start_s)
-    setup = Setup(allocator=allocator, n_nodes=n, global_Bps=L, loss=loss, seed=seed)
+    setup = Setup(allocator=allocator, n_nodes=n, global_Bps=L, loss=loss, seed=seed, sum_tree=sum_tree)
     return Simulation(setup, TcpFluid(flows, n, rng))
 
 
@@ -42,19 +43,22 @@ def test_fps_holds_the_limit_at_100_limiters_with_1pct_loss():
     assert 0.005 < sim.net.dropped / sim.net.sent < 0.015
 
 
-def _grd_overshoot(n: int) -> float:
+def _grd_overshoot(n: int, sum_tree: bool | None = None) -> float:
     """Peak 1-s aggregate after every limiter's demand quintuples (one flow -> five)."""
     nodes = np.concatenate([np.arange(n), np.repeat(np.arange(n), 4)])
     start = np.concatenate([np.zeros(n), np.full(4 * n, 10.0)])
-    trace = _tcp_sim("grd", n, nodes, start).run(400)
+    trace = _tcp_sim("grd", n, nodes, start, sum_tree=sum_tree).run(400)
     after = trace.delivered_Bps[200:]
     return np.convolve(after, np.ones(20) / 20, "valid").max() / L - 1
 
 
-def test_grd_error_grows_with_the_number_of_limiters():
-    # Remote rates are up to (N-1)/br ticks old: more limiters, longer blind after a change.
-    small, large = _grd_overshoot(10), _grd_overshoot(100)
+def test_grd_error_grows_with_the_number_of_limiters_unless_the_sum_tree_carries_the_rates():
+    # Per-peer gossip (the paper's): remote rates are up to (N-1)/br ticks old, so more limiters
+    # are blind longer after a change.  The sum tree brings the sum in ~3 ticks at any N.
+    small, large = _grd_overshoot(10, sum_tree=False), _grd_overshoot(100, sum_tree=False)
     assert large > 2 * small and large > 0.3, (small, large)
+    tree = _grd_overshoot(100)          # branching 3 < 99 peers: the tree, as the agent would
+    assert tree < large / 2, (tree, large)
 
 
 def test_gdrl_conserves_the_sum_of_capacities_exactly():
