@@ -12,8 +12,8 @@ every node, in the same order (docs/design.md, "one tick"):
    view (sim.views), point-to-point Envelopes into its inbox;
 2. measure: the node's own ``agent.estimator.Estimator`` turns the demand
    model's counters and flow table into a ``Local``;
-3. allocate: ``step(state, Snapshot)`` of the allocator built by
-   ``agent.allocators.create``, the same class the agent runs;
+3. allocate: ``agent.step.class_step``, the function the agent's tick runs (tree sums,
+   the allocator built by ``agent.allocators.create``, the heard cap);
 4. publish: ``decision.publish`` to ``branching`` random peers (or to the
    graph neighbours), the outbox to its destinations, through the network;
 5. enforce: the demand model runs one interval under every node's Decision.
@@ -51,7 +51,8 @@ from drl.agent.gossip.core import Cycle
 from drl.agent.gossip.membership import liveness_timeout
 from drl.agent.gossip.tree import SumTree, tree_wanted
 from drl.agent.gossip.wire import Sums
-from drl.agent.model import Envelope, Mode, Snapshot
+from drl.agent.model import Envelope, Mode
+from drl.agent.step import ClassInput, class_step, safe_rate_Bps
 
 from .network import Network
 from .tcp import Enforcement
@@ -262,12 +263,10 @@ class Simulation:
                                               self.demand.flow_records(i, now), int(now * 1e9))
             nb = self.neighbours[i] if self.neighbours else None
             view = self.views.view(i, k, nb)
-            if self.trees:
-                view = self.trees[i].apply(view, CLASS_ID, now)
-            snap = Snapshot(now=now, node_id=self.ids[i], interval_s=s.interval_s, global_Bps=s.global_Bps,
-                            local=local, view=view, inbox=tuple(self.inbox[i]))
+            given = ClassInput(now, self.ids[i], s.interval_s, s.global_Bps, local, view, self.inbox[i],
+                               safe_rate_Bps(s.global_Bps, view.n_nodes), CLASS_ID)
+            _, out = class_step(self.alloc, self.states[i], given, self.trees[i] if self.trees else None)
             self.inbox[i] = []
-            out = self.alloc.step(self.states[i], snap)
             self.states[i], d = out.state, out.decision
             self.decisions[i] = d
             mode[i], limit[i], drop[i] = int(d.mode), d.limit_Bps, d.drop_probability

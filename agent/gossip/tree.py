@@ -49,10 +49,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from drl.agent.model import PeerView
 from drl.agent.gossip.wire import Sums, SumKind
+
+if TYPE_CHECKING:
+    from drl.agent.gossip.dispatch import Dispatch
 
 FAN_IN = 32        # members per group: two levels up to 1,024 limiters, ~60 datagrams a summer sends
 FRESH = 3          # intervals a LEAF, PARTIAL or TOTAL counts after it arrived
@@ -137,6 +140,9 @@ class SumTree:
         self._members: tuple[str, ...] = ()
         self._groups: dict[str, tuple[str, ...]] = {}      # member -> its group
         self._told: tuple[str, ...] = ()     # whom our last PARTIAL went to
+
+    def subscribe(self, dispatch: Dispatch) -> None:
+        dispatch.on(Sums, lambda rx, now: self.receive(rx.header.node, rx.payload, now))
 
     def receive(self, sender: str, sums: Sums, now: float) -> None:
         """One accepted Sums from ``sender``; a TOTAL counts only from our summer.  A LEAF or

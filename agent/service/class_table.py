@@ -1,6 +1,6 @@
 """Classes (tenants) at run time: each with its datapath slot, allocator, estimator and state.
 
-    table = ClassTable(dp, book, node_id="a", state_dir="/var/lib/drl", max_classes=4096)
+    table = ClassTable(dp, enforcer, book, node_id="a", state_dir="/var/lib/drl", max_classes=4096)
     table.apply(config.classes, members)    # at start and on every reload: add, change, remove
     for run in table: ...                   # what the tick loop steps, one allocator per class
 
@@ -24,11 +24,13 @@ from drl.agent.kernel.classify import compile_rules
 from drl.agent.estimator import Estimator
 from drl.agent import logs, units
 from drl.agent.cluster.limits import LimitBook
-from drl.agent.model import Mode, Snapshot, Step
-from drl.agent.service.rates import host_burst
+from drl.agent.gossip.core import Received
+from drl.agent.gossip.dispatch import Dispatch
+from drl.agent.model import Snapshot, Step
 
 if TYPE_CHECKING:
     from drl.agent.config.build import ClassConf
+    from drl.agent.service.enforce import Enforcer
 
 log = logs.get_logger("drl.agent")
 
@@ -59,9 +61,9 @@ class Changes:
 
 
 class ClassTable:
-    def __init__(self, dp, book: LimitBook, *, node_id: str, state_dir: str, max_classes: int,
+    def __init__(self, dp, enforce: "Enforcer", book: LimitBook, *, node_id: str, state_dir: str, max_classes: int,
                  founders: Callable[[str, tuple[str, ...]], tuple[str, ...]] | None = None):
-        self.dp, self.book = dp, book
+        self.dp, self.enforce, self.book = dp, enforce, book     # dp: the rules; enforce: the class configs
         self.founders = founders          # with a registry: Registry.founders
         self.node_id, self.state_dir, self.max_classes = node_id, state_dir, max_classes
         self._runs: dict[str, ClassRun] = {}
@@ -72,6 +74,14 @@ class ClassTable:
 
     def __len__(self) -> int:
         return len(self._runs)
+
+    def subscribe(self, dispatch: Dispatch) -> None:
+        """Point-to-point bodies (whatever no other consumer takes) go to their class's inbox."""
+        dispatch.otherwise(self._to_inbox)
+
+    def _to_inbox(self, rx: Received, now: float) -> None:
+        if (run := self._by_key.get(rx.header.class_id)) is not None:
+            run.inbox.append(rx.envelope)
 
     def by_key(self, key: int) -> ClassRun | None:
         return self._by_key.get(key)
@@ -113,22 +123,17 @@ class ClassTable:
         self._order(confs)
         self.dp.set_rules(_rules(confs, slots))
         for class_id in freed:
-            self.dp.reset_class(class_id)
+            self.enforce.free(class_id)
         self.book.save()
         return Changes(tuple(added), tuple(changed), tuple(removed))
 
     def _start(self, conf: "ClassConf", class_id: int, members: tuple[str, ...], n_nodes: int) -> None:
-        limit = self.book.configure(conf.name, conf.global_Bps)
+        self.book.configure(conf.name, conf.global_Bps)
         statefile = StateFile.for_class(conf, self.node_id, self.state_dir)
         state = statefile.load() if statefile else None
         if state is None:
             state = conf.allocator.initial_state(self.node_id, self._genesis(conf, members))
-        self.dp.reset_class(class_id)
-        # policed from its first packet: the static 1/N share until its allocator's first tick
-        # (a shadow class only counts, from its first packet too)
-        rate_Bps = limit.global_Bps / n_nodes
-        self.dp.set_class(class_id, Mode.BUCKET, rate_Bps=rate_Bps, shadow=conf.shadow,
-                          burst_bytes=host_burst(conf, limit, n_nodes, rate_Bps, "police"))
+        self.enforce.start(conf, class_id, n_nodes)
         self._runs[conf.name] = ClassRun(conf, class_id, state, Estimator(conf.ewma, conf.flow_ewma), statefile)
 
     def _change(self, run: ClassRun, conf: "ClassConf", members: tuple[str, ...]) -> None:

@@ -23,6 +23,7 @@ from typing import Iterable
 from drl.agent import logs
 from drl.agent.clients.rules import ClientRule, Network
 from drl.agent.clients.table import ClientTable, ClientTick
+from drl.agent.gossip.dispatch import Dispatch
 from drl.agent.gossip.wire import ClassClients, ClientReports
 
 log = logs.get_logger("drl.agent")
@@ -138,6 +139,9 @@ class ClientRules:
                 log.warning("client_bans_full", class_=cr.name, unbanned=len(full), banned=len(until) - len(full))
             # the left out are not written: tried again next tick
             cr.bans, cr.unbanned = {c: u for c, u in until.items() if c not in full}, len(full)
+
+    def subscribe(self, dispatch: Dispatch) -> None:
+        dispatch.on(ClientReports, lambda rx, now: self.receive(rx.header.node, rx.payload, now))
 
     def receive(self, node: str, payload: ClientReports, now: float) -> None:
         for entry in payload.reports:

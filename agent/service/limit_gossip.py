@@ -13,7 +13,8 @@ from drl.agent import logs
 from drl.agent.cluster.limits import Limit, LimitBook
 from drl.agent.gossip.core import Received
 from drl.agent.gossip.interface import TransportPort
-from drl.agent.gossip.wire import LimitNote
+from drl.agent.gossip.dispatch import Dispatch
+from drl.agent.gossip.wire import Batch, LimitNote
 from drl.agent.service.class_table import ClassRun, ClassTable
 from drl.agent.units import to_bps
 
@@ -30,6 +31,9 @@ class LimitGossip:
         """``run``'s limit to ``addr``, or to every peer."""
         limit = self.book.get(run.name)
         self.transport.announce(LimitNote(run.conf.key, limit.version, limit.global_Bps), addr)
+
+    def subscribe(self, dispatch: Dispatch) -> None:
+        dispatch.on(Batch, lambda rx, now: self.heard(rx))
 
     def heard(self, rx: Received) -> None:
         """Adopt newer limits; tell a peer that holds an older one ours."""

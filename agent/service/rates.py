@@ -13,6 +13,7 @@ from drl.agent.cluster.limits import Limit
 from drl.agent.config.build import ClassConf, Config
 from drl.agent.gossip.core import cycle_rounds
 from drl.agent.model import Decision, Local, Mode
+from drl.agent.step import safe_rate_Bps
 
 
 def local_limit(d: Decision, local: Local) -> float:
@@ -26,7 +27,7 @@ def local_limit(d: Decision, local: Local) -> float:
 
 def safe_rate(conf: ClassConf, limit: Limit, n_nodes: int) -> float:
     """The class's safe rate as configured, or its 1/N share of the global limit."""
-    return conf.safe_Bps if conf.safe_Bps is not None else limit.global_Bps / n_nodes
+    return safe_rate_Bps(limit.global_Bps, n_nodes, conf.safe_Bps)
 
 
 def burst_budget(conf: ClassConf, limit: Limit, n_nodes: int) -> int:

@@ -294,14 +294,14 @@ def test_a_datagram_whose_handling_throws_is_counted_and_the_rest_are_handled(tm
     cfg = config(tmp_path, "--global", "8mbit", "--allocator", "fps", "--peers", "b@10.0.0.2:7470")
     peer = GossipCore("b", CLUSTER, None, PeerList([cfg.listen]), 1, incarnation=1)
     with agent(cfg, FakeDatapath()) as a:
-        observe, calls = a.members.observe, []
+        heard, calls = a.limits.heard, []
 
-        def once_broken(rx, now):
+        def once_broken(rx):
             calls.append(rx)
             if len(calls) == 1:
                 raise KeyError("a bug")
-            observe(rx, now)
-        monkeypatch.setattr(a.members, "observe", once_broken)
+            heard(rx)
+        monkeypatch.setattr(a.limits, "heard", once_broken)
         now = time.monotonic()
         a.transport.arrive(peer.publish(values({DEFAULT: 1.0}), now) + peer.publish(values({DEFAULT: 2.0}), now), B)
         a.receive()

@@ -1,0 +1,40 @@
+"""Accepted datagrams to the code that consumes them, by payload type.
+
+    dispatch = Dispatch(members.observe)        # every datagram: a sign of life first
+    dispatch.on(Sums, tree.on_sums)             # each consumer subscribes its own types
+    dispatch.otherwise(table.on_class_message)  # point-to-point bodies: the class's inbox
+    dispatch.deliver(rx, now)
+
+A new message type touches gossip/ (wire.py, this table's caller's subscription) and the
+code that consumes it; the agent's loop only hands every datagram here.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from drl.agent.gossip.core import Received
+
+Handler = Callable[["Received", float], None]
+
+
+class Dispatch:
+    def __init__(self, *observers: Handler):
+        self._observers = observers
+        self._by_type: dict[type, Handler] = {}
+        self._otherwise: Handler | None = None
+
+    def on(self, kind: type, handler: Handler) -> None:
+        if kind in self._by_type:
+            raise ValueError(f"{kind.__name__} already has a consumer")
+        self._by_type[kind] = handler
+
+    def otherwise(self, handler: Handler) -> None:
+        self._otherwise = handler
+
+    def deliver(self, rx: "Received", now: float) -> None:
+        for observe in self._observers:
+            observe(rx, now)
+        handler = self._by_type.get(type(rx.payload), self._otherwise)
+        if handler is not None:
+            handler(rx, now)
