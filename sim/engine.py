@@ -253,12 +253,9 @@ class Simulation:
 
     def _allocate(self, now: float, k: int) -> Enforcement:
         s, n = self.setup, self.setup.n_nodes
-        mode = np.full(n, int(Mode.PASS))
-        limit, drop, quota = np.zeros(n), np.zeros(n), np.full(n, np.inf)
-        alive = self.net.alive
-        for i in range(n):
-            if not alive[i]:
-                continue
+        # per node into lists, into arrays once: numpy's scalar stores cost ~1 us each
+        mode, limit, drop, quota = [int(Mode.PASS)] * n, [0.0] * n, [0.0] * n, [np.inf] * n
+        for i in np.flatnonzero(self.net.alive).tolist():
             local = self.estimators[i].update(now, self.demand.counters(i),
                                               self.demand.flow_records(i, now), int(now * 1e9))
             nb = self.neighbours[i] if self.neighbours else None
@@ -272,8 +269,9 @@ class Simulation:
             mode[i], limit[i], drop[i] = int(d.mode), d.limit_Bps, d.drop_probability
             quota[i] = np.inf if d.quota_bytes is None else d.quota_bytes
             self.publish[i] = d.publish
-            self._send_outbox(i, out.outbox, k, now)
-        return Enforcement(mode, limit, drop, quota)
+            if out.outbox:
+                self._send_outbox(i, out.outbox, k, now)
+        return Enforcement(np.array(mode), np.array(limit), np.array(drop), np.array(quota))
 
     def _send_outbox(self, i: int, outbox: Sequence[Envelope], k: int, now: float) -> None:
         for env in outbox:
@@ -325,16 +323,28 @@ class Simulation:
     def _sum_round(self, senders: np.ndarray, k: int, now: float) -> None:
         """Every alive node's sum-tree messages (agent.gossip.tree), point to point."""
         members = self.views.view(0, k).members
-        src, dst, seq, envs = [], [], [], []
+        src, dst, envs = [], [], []
+        index, ids, publish = self.index, self.ids, self.publish.tolist()
         for i in senders.tolist():
-            for to, sums in self.trees[i].round(members, {CLASS_ID: float(self.publish[i])}, now, _anyone):
-                j = self.index[to]
-                self.update_seq[i, j] += 1      # one sequence stream per (sender, receiver)
+            for to, sums in self.trees[i].round(members, {CLASS_ID: publish[i]}, now, _anyone):
                 src.append(i)
-                dst.append(j)
-                seq.append(self.update_seq[i, j])
-                envs.append(Envelope(sums, dst=to, src=self.ids[i]))
+                dst.append(index[to])
+                envs.append(Envelope(sums, dst=to, src=ids[i]))
         if envs:
-            seq_a = np.array(seq)
+            src_a, dst_a = np.array(src), np.array(dst)
+            seq_a = self._next_seq(src_a, dst_a)
             self.control_bytes += self.tap.sums_sent(envs, seq_a, now)
-            self.net.send_envelopes(np.array(src), np.array(dst), envs, seq_a, k)
+            self.net.send_envelopes(src_a, dst_a, envs, seq_a, k)
+
+    def _next_seq(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """The sequence numbers of messages (src[m], dst[m]) in their order, one stream per
+        (sender, receiver) as agent.gossip numbers them; a pair may send several a tick."""
+        pair = src * self.setup.n_nodes + dst
+        order = np.argsort(pair, kind="stable")
+        ranked = pair[order]
+        first = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+        rank = np.arange(len(pair)) - np.repeat(first, np.diff(np.r_[first, len(pair)]))
+        seq = np.empty(len(pair), dtype=np.int64)
+        seq[order] = self.update_seq[src[order], dst[order]] + 1 + rank
+        np.add.at(self.update_seq, (src, dst), 1)
+        return seq

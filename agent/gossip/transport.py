@@ -1,6 +1,6 @@
 """Gossip on a UDP socket: a :class:`GossipCore` (agent/gossip/core.py) bound to ``--listen``.
 
-The daemon's tick (agent/service/daemon.py)::
+The daemon's tick (agent/service/tick.py)::
 
     peers = parse_peers(text)
     transport = UdpTransport.bind(parse_hostport(listen), [p.addr for p in peers], node_id=..., cluster=...,

@@ -57,7 +57,7 @@ class ChangeLog:
 
 def _log_class(run: ClassRun) -> None:
     """The class's mode and allocator warning, when either changed since the last tick."""
-    if run.last is None:            # no step has succeeded yet (daemon.Agent._fall_back)
+    if run.last is None:            # no step has succeeded yet (service/enforce.py fall_back)
         return
     d = run.last[1].decision
     said = (d.mode, d.info.get("warning"))

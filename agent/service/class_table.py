@@ -46,7 +46,7 @@ class ClassRun:
     inbox: list = field(default_factory=list)
     last: tuple[Snapshot, Step, Any] | None = None
     said: tuple[str, Any] | None = None      # (mode, warning) last logged
-    written: tuple | None = None             # the config last written to the datapath (agent/service/daemon.py _enforce)
+    written: tuple | None = None             # the config last written to the datapath (agent/service/enforce.py)
 
     @property
     def name(self) -> str:

@@ -11,7 +11,7 @@ Stages: ``allocate`` (a class's estimate, allocator step and what follows it), `
 ``receive`` (one datagram), ``control`` (one control request).
 
 A bug or a hostile value that breaks one class's step must not take the agent, and with it
-every other class, down: that class falls back to its safe rate (daemon.Agent.tick) and the
+every other class, down: that class falls back to its safe rate (service/tick.py) and the
 rest go on.  Counting them keeps the failure visible; a line a minute keeps the log readable.
 Datagrams and requests are counted under no class, so a peer or a client that makes up
 names cannot grow the table (or the metric's label set).

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from click.testing import CliRunner
 
 from drl.agent.allocators.gdrl import PARTS
@@ -22,6 +24,7 @@ def test_plan_has_ten_percent_leaves_and_joins_half_of_them_rejoins():
     assert churn.universe == 1050
 
 
+@pytest.mark.slow
 def test_churn_at_40_limiters_stays_within_5_percent(tmp_path):
     out = CliRunner().invoke(main, ["run", "churn", "--limiters", "40", "--out", str(tmp_path), "-q"])
     assert out.exit_code == 0, out.output

@@ -32,6 +32,7 @@ def test_simulator_runs_the_agents_allocator_classes(name):
     assert type(sim.alloc) is allocator_class(name)
 
 
+@pytest.mark.slow
 def test_fps_holds_the_limit_at_100_limiters_with_1pct_loss():
     rng = np.random.default_rng(7)
     nodes = np.repeat(np.arange(100), rng.integers(0, 6, 100))
@@ -52,6 +53,7 @@ def _grd_overshoot(n: int, sum_tree: bool | None = None) -> float:
     return np.convolve(after, np.ones(20) / 20, "valid").max() / L - 1
 
 
+@pytest.mark.slow
 def test_grd_error_grows_with_the_number_of_limiters_unless_the_sum_tree_carries_the_rates():
     # Per-peer gossip (the paper's): remote rates are up to (N-1)/br ticks old, so more limiters
     # are blind longer after a change.  The sum tree brings the sum in ~3 ticks at any N.
