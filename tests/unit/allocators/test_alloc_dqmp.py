@@ -3,6 +3,7 @@ import json
 import random
 import time
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators import create
@@ -31,6 +32,7 @@ def _total(net):
     return sum(accountable(net.state[m]) for m in net.live)
 
 
+@pytest.mark.slow
 def test_100_nodes_25_percent_crash_all_quota_accounted():
     """[Behl12] §5.1 "Crashes of Nodes": 100 nodes, 25 of them crash; free + consumed +
     in flight stays the injected quota, and what passed stays within it."""

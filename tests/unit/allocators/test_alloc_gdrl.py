@@ -111,6 +111,7 @@ def test_best_friend_inherits_a_crashed_nodes_capacity():
     assert sum(limits) == pytest.approx(4_000_000, abs=100) and min(limits) > 1_200_000   # the rest in flight
 
 
+@pytest.mark.slow
 def test_regular_graph_of_100_converges():
     """[Stanojevic09] §III-C: random d-regular graphs at eta = 1/(2d) converge as well."""
     members = [f"n{i:03d}" for i in range(100)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from drl.agent.allocators import create
@@ -75,6 +76,7 @@ def run_identical(alloc, n: int, offered: float, flows: int, rtt_s: float, p_max
 @given(n=st.sampled_from([3, 16]), offered=st.floats(0.5, 3.0), flows=st.integers(1, 8),
        rtt_s=st.floats(0.001, 0.1), p_max=st.floats(0.2, 0.6), noise=st.floats(0.0, 0.1),
        seed=st.integers(0, 2**16))
+@pytest.mark.slow
 def test_identical_tcp_loads_get_equal_limits_within_10pct_after_20s(n, offered, flows, rtt_s, p_max, noise, seed):
     limits = run_identical(create("gdrl"), n, offered, flows, rtt_s, p_max, noise, seed)
     mean = sum(limits) / n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from drl.agent import abi
@@ -104,6 +105,7 @@ def admitted(rate: int, burst: int, trace) -> list[bool]:
     return [b.take(length, now, per_byte, depth_ns) for now, length in trace]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(traces())
 def test_never_more_than_rate_times_time_plus_depth_over_any_interval(case):
@@ -121,6 +123,7 @@ def test_never_more_than_rate_times_time_plus_depth_over_any_interval(case):
                 assert total <= Fraction(rate * (trace[j][0] - trace[i][0]), 10**9) + burst + MAX_LEN
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(traces())
 def test_never_more_than_the_reference_bucket_by_more_than_a_packet(case):
@@ -150,6 +153,7 @@ def test_offered_more_it_passes_the_rate_less_one_packet(rate, burst, sizes, dat
     assert passed >= rate * (span - slack_ns) / 10**9 - MAX_LEN
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(traces(max_packets=80), rates, st.integers(1_500, 4 * MAX_LEN), st.data())
 def test_a_rate_change_holds_from_the_next_packet_without_a_burst(case, new_rate, new_burst, data):

@@ -135,11 +135,11 @@ def test_the_table_and_the_plot_show_the_worst_window(tmp_path):
 
 def test_shipped_envelope_experiment():
     exp = resolve("envelope")
-    assert len(exp.limiters) == 3 and exp.allocators == ("fps",) and exp.duration_s <= 150
+    assert len(exp.limiters) == 3 and exp.allocators == ("fps",) and exp.duration_s <= 100
     assert "enforce" not in exp.agent_options("fps")             # the agent's default: shape
     assert {t.congestion_control for t in exp.traffic} == {"cubic", "bbr"}
-    assert {t.src for t in exp.traffic if t.stop_s == 30.0} == set(exp.limiters)    # all busy, all stop
+    assert {t.src for t in exp.traffic if t.stop_s == 20.0} == set(exp.limiters)    # all busy, all stop
     restart = {t.start_s for t in exp.traffic if t.start_s > 0}
-    assert restart == {90.0} and {t.src for t in exp.traffic if t.start_s == 90.0} == set(exp.limiters)
+    assert restart == {40.0} and {t.src for t in exp.traffic if t.start_s == 40.0} == set(exp.limiters)
     assert [f.action for f in exp.faults] == ["kill", "restart", "partition", "heal"]
     assert exp.checks == {"max_envelope_ratio": 1.0}
