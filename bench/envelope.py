@@ -5,7 +5,7 @@ with and without the sum tree (agent/gossip/tree.py).
     .venv/bin/python bench/envelope.py --limiters 1000 --branching 3,16,64 --sum-tree off --out out/envelope-bench
 
 Every cell is `drl-sim run envelope` (sim/envelope.py: a third of the FPS limiters busy, a
-third idle, a third busy, idle 20 s and busy again, all at once) at one N and one branching,
+third idle, a third busy, idle 8 s and busy again, all at once) at one N and one branching,
 the gossip targets each limiter updates per interval (3 is [Raghavan07]'s, 16 the agent's
 default, which is a full mesh up to 17 hosts).  Per cell: the worst window against G x T + D
 in the start-up (the warm-up), the busy phase and the restart, the most the local limits
