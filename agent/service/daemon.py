@@ -88,8 +88,8 @@ def run(config: Config) -> int:
 
 
 class Agent:
-    """The agent's state and tick.  ``transport(config)``, ``datapath(config, gossip_port)`` and
-    ``shaper(config)`` build its resources (gossip.interface.TransportPort,
+    """The agent: its state, the loop and the control commands.  ``transport(config)``,
+    ``datapath(config, gossip_port)`` and ``shaper(config)`` build its resources (gossip.interface.TransportPort,
     kernel.interface.DatapathPort and ShaperPort); tests pass the in-memory ones
     (gossip.memory, kernel.fake)."""
 
