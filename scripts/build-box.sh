@@ -14,7 +14,8 @@
 # Two caches in $DRL_BOX_CACHE (default /var/cache/drl-test): the Debian root file
 # system (rootfs-<hash>.tar, keyed by this script and the package list: debootstrap
 # and apt take minutes) and the box (box-<hash>.box, also keyed by drl's sources), so
-# an edit of drl rebuilds only the last minute of work.  Needs root, debootstrap,
+# an edit of drl rebuilds only the last minute of work.  Every use touches what it reads;
+# what no checkout used for 14 days is dropped, other checkouts' boxes stay.  Needs root, debootstrap,
 # qemu-utils and e2fsprogs; reaches only the Debian mirror and PyPI (for the wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,7 @@ src_key=$( { echo "$base_key"; (cd "$ROOT" && find "${SRC[@]}" -type f ! -path '
 BOX=$CACHE/box-$src_key.box
 BASE=$CACHE/rootfs-$base_key.tar
 if [ -s "$BOX" ]; then
+    touch "$BOX"        # in use: the pruning below keeps it
     say "cached: $BOX ($(( $(date +%s) - t0 )) s)"
     echo "$BOX"
     exit 0
@@ -60,6 +62,7 @@ mount_api() { for m in proc sys dev dev/pts; do mkdir -p "$R/$m"; done
 umount_api() { for m in dev/pts dev sys proc; do umount "$R/$m"; done; }
 
 if [ -s "$BASE" ]; then
+    touch "$BASE"       # in use: the pruning at the end keeps it
     say "Debian root file system cached: $BASE"
     mkdir -p "$R"
     tar -C "$R" -xf "$BASE"
@@ -168,7 +171,11 @@ end
 EOF
 tar -C "$B" -cf "$BOX.tmp" metadata.json Vagrantfile vmlinuz initrd.img box.img
 mv "$BOX.tmp" "$BOX"
-# Older boxes and root file systems (1+ GiB each) are stale now: drop them.
-find "$CACHE" -maxdepth 1 \( -name 'box-*.box' ! -name "${BOX##*/}" -o -name 'rootfs-*.tar' ! -name "${BASE##*/}" \) -delete
+# The work tree (several GiB) goes before the time is taken: the time printed is the whole build.
+trap - EXIT
+cleanup
+# Other checkouts' boxes and root file systems (1+ GiB each) stay while they are used (a
+# cached box is touched at every use); one unused for 14 days is dropped.
+find "$CACHE" -maxdepth 1 \( -name 'box-*.box' -o -name 'rootfs-*.tar' \) -mtime +14 -delete
 say "box: $BOX ($(du -h "$BOX" | cut -f1)) built in $(( $(date +%s) - t0 )) s"
 echo "$BOX"
