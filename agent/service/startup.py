@@ -83,8 +83,8 @@ def kernel_shaper(cfg: Config) -> Shaper:
     return shaper
 
 
-def acquire(agent: "Agent", stack: contextlib.ExitStack, transport: Callable[[Config], Any], datapath: Callable[[Config, int | None], Any],
-            shaper: Callable[[Config], Any]) -> None:
+def acquire(agent: "Agent", stack: contextlib.ExitStack, transport: Callable[[Config], Any],
+            datapath: Callable[[Config, int | None], Any], shaper: Callable[[Config], Any]) -> None:
     """The agent's sockets, state and BPF, in the order that leaves nothing attached if one
     fails; each with its closer on ``stack``, so closing it undoes what was acquired."""
     cfg = agent.cfg
@@ -100,7 +100,7 @@ def acquire(agent: "Agent", stack: contextlib.ExitStack, transport: Callable[[Co
         stack.callback(MetricsServer(cfg.metrics, agent.board).close)
     names = {agent.transport.resolved[p.addr]: p.node_id for p in cfg.peers if p.node_id}
     agent.members = Membership(cfg.node_id, agent.transport.peer_addrs, cfg.peer_timeout_s, names=names,
-                              failsafe_s=cfg.failsafe_s, slack_s=slack_s(cfg, len(cfg.peers)))
+                               failsafe_s=cfg.failsafe_s, slack_s=slack_s(cfg, len(cfg.peers)))
     agent.sync = RegistrySync(cfg, agent.transport, agent.members)
     agent.tree = SumTree(cfg.node_id, cfg.interval_s, agent.members.timeout_s)
     agent.tree_on = False        # this tick's: tree_wanted (the peers and the classes may change)
@@ -114,7 +114,7 @@ def acquire(agent: "Agent", stack: contextlib.ExitStack, transport: Callable[[Co
     stack.callback(lambda: agent.shaper.close(detach=not agent.failed))    # before dp's: the root qdisc first
     agent.enforce = Enforcer(agent.dp, agent.shaper, agent.book, failsafe_s=cfg.failsafe_s)
     agent.table = ClassTable(agent.dp, agent.enforce, agent.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
-                            max_classes=cfg.max_classes, founders=agent.registry and agent.registry.founders)
+                             max_classes=cfg.max_classes, founders=agent.registry and agent.registry.founders)
     if (core := getattr(agent.transport, "core", None)) is not None:    # peers' negative values: per class
         core.signed = agent.table.signed
     agent.table.apply(cfg.classes, agent.member_ids(), agent.members.n_nodes)
