@@ -1,12 +1,12 @@
 """Accepted datagrams to the code that consumes them, by payload type.
 
     dispatch = Dispatch(members.observe)        # every datagram: a sign of life first
-    dispatch.on(Sums, tree.on_sums)             # each consumer subscribes its own types
-    dispatch.otherwise(table.on_class_message)  # point-to-point bodies: the class's inbox
+    tree.subscribe(dispatch)                    # each consumer: dispatch.on(Sums, handler)
+    table.subscribe(dispatch)                   # dispatch.otherwise(...): a class's inbox
     dispatch.deliver(rx, now)
 
-A new message type touches gossip/ (wire.py, this table's caller's subscription) and the
-code that consumes it; the agent's loop only hands every datagram here.
+A new message type touches gossip/ (wire.py) and the code that consumes it, which
+subscribes its handler; the agent's loop only hands every datagram here.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ service/enforce.py writes a class's kernel config; the tick stamps the datapath'
 heartbeat with the kernel clock, so if this process stops ticking (hung, killed -9) the
 datapath falls back to the safe rate after ``failsafe_s`` (bpf/limiter.c stale).
 
-Startup (service/resources.py builds the sockets, BPF and HTB) acquires the sockets before it
+Startup (service/startup.py builds the sockets, BPF and HTB) acquires the sockets before it
 attaches, and every exit path detaches: nothing stays on the interface after an error.
 Logs are one line per state change, as logfmt or JSON (agent/logs.py; docs/logs.md).
 The other concerns are modules beside this one: ``commands``, ``status``,
