@@ -6,6 +6,7 @@ Examples:
     drl-lab demo
     drl-lab run baseline --duration 20s --repeat 5 --out results/baseline
     drl-lab run my-topology.toml --allocator fps --allocator ctb
+    drl-lab up baseline --on vagrant && drl-lab ssh l1 -- sudo drlctl status && drl-lab down
     drl-lab clean
 """
 from __future__ import annotations
@@ -110,6 +111,65 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
             click.echo(f"{len(failed)} check(s) failed: " + "; ".join(failed), err=True)
             sys.exit(1)
     _guarded(go)
+
+
+TWIN_DIR_OPTION = click.option(
+    "--twin-dir", type=click.Path(file_okay=False, path_type=Path), default="/var/lib/drl-lab/twin",
+    show_default=True, envvar="DRL_LAB_TWIN_DIR", help="Where the twin's VMs, libvirtd and state live.")
+
+
+@main.command()
+@click.argument("name_or_file")
+@click.option("--on", "on", type=click.Choice(["vagrant"]), default="vagrant", show_default=True,
+              help="Where: VMs of the Vagrant twin on libvirt (vagrant/README.md).")
+@click.option("--allocator", metavar="A", help="The allocator its agents run [default: the experiment's first].")
+@TWIN_DIR_OPTION
+def up(name_or_file: str, on: str, allocator: str | None, twin_dir: Path) -> None:
+    """Boot an experiment's VMs (a built-in name, an experiment file, or a topology .json) and
+    leave them running, every agent answering; enter them with `drl-lab ssh`.
+
+    \b
+    Examples:
+      drl-lab up baseline --on vagrant --allocator fps
+      drl-lab ssh l1 -- sudo drlctl status
+      drl-lab down
+    """
+    from drl.lab import twin
+
+    def go():
+        tcg = os.environ.get("DRL_VAGRANT_TCG", "1") != "0"
+        st = twin.up(name_or_file, twin_dir, allocator, tcg, 768, _progress)
+        click.echo(f"{st['experiment']} ({st['allocator']}) is up in {st['up_s']} s: hosts {' '.join(st['hosts'])}, "
+                   f"agents on {' '.join(st['agents'])}")
+        click.echo(f"  drl-lab ssh {st['agents'][0]} -- sudo drlctl status\n  drl-lab down")
+    _guarded(go)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("host")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@TWIN_DIR_OPTION
+def ssh(host: str, command: tuple[str, ...], twin_dir: Path) -> None:
+    """Run COMMAND on HOST of the twin (a shell without one); exits with its status.
+
+    \b
+    Examples:
+      drl-lab ssh l1 -- sudo drlctl status
+      drl-lab ssh sink
+    """
+    from drl.lab import twin
+
+    sys.exit(_guarded(twin.ssh, twin_dir, host, list(command)))
+
+
+@main.command()
+@TWIN_DIR_OPTION
+def down(twin_dir: Path) -> None:
+    """Destroy the twin's VMs, its libvirtd and everything `drl-lab up` made."""
+    from drl.lab import twin
+
+    st = _guarded(twin.down, twin_dir)
+    click.echo(f"{st['experiment']}: {' '.join(st['hosts'])} destroyed" if st else f"no twin in {twin_dir}")
 
 
 @main.command("list")

@@ -17,6 +17,7 @@ agent has node id ``h`` and listens on ``<its address>:7470``.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from drl.agent.config.schema import CLASS_ONLY, FIELDS
 from drl.agent.service.control import ControlError, request
 from drl.agent.units import to_bps
 
@@ -82,6 +84,27 @@ def agent_argv(plan: Plan, host: str, allocator: str, key_file: str, socket: str
     return up_argv(program, iface=iface or plan.agent_ifaces()[host].name, global_=f"{to_bps(exp.global_Bps):.0f}bit",
                    allocator=allocator, node_id=host, socket=socket, listen=listen, peers=peers, key_file=key,
                    options=options)
+
+
+# what systemd/drl-agent.service passes itself: a file that set them too would say them twice
+UNIT_FLAGS = ("--socket", "--state-dir")
+
+
+def unit_config(argv: Sequence[str]) -> str:
+    """``drl-agent up ...`` (``argv``) as the drl.toml of the shipped unit (docs/config.md):
+    the class options and agent-wide ones in ``[agent]``, ``--global`` and ``--class`` in the
+    one class the flags make, ``default``.  Values stay as written (every parser takes text)."""
+    by_flag = {f.flag: f for f in FIELDS}
+    agent, klass, args = [], [], list(argv[2:])
+    while args:
+        flag = args.pop(0)
+        f = by_flag.get(flag)
+        if f is None:
+            raise ValueError(f"{flag!r} is not a drl-agent up option")
+        value = "true" if f.is_flag else json.dumps(args.pop(0))
+        if flag not in UNIT_FLAGS:
+            (klass if f.scope == CLASS_ONLY else agent).append(f"{f.key} = {value}")
+    return "\n".join(["[agent]", *agent, "", "[[class]]", 'name = "default"', *klass]) + "\n"
 
 
 def write_key(path: Path) -> None:

@@ -1,7 +1,7 @@
 """A Debian bookworm booted with systemd as PID 1 (systemd-nspawn), for testing the units in systemd/.
 
     root = build_rootfs()                       # debootstrap once, cached by the package list
-    wheels = build_wheelhouse(checkout, out)    # drl's wheel and its dependencies' (needs the index)
+    wheels = build_wheelhouse(checkout, out)    # lab/wheels.py: drl and its dependencies (needs the index)
     with Container(root, "sd1234", netns="sd1234-h1", binds={wheels: "/wheelhouse"}) as ct:
         ct.run("systemctl", "start", "drl-agent.service")
 
@@ -98,18 +98,6 @@ def build_rootfs(cache: Path = CACHE, log=print) -> Path:
         tmp.rename(root)
         log(f"nspawn: rootfs {root} built in {time.monotonic() - started:.0f} s")
     return root
-
-
-def build_wheelhouse(checkout: Path, out: Path, python: str = sys.executable) -> list[Path]:
-    """``pip wheel``: drl's wheel and one for each dependency in ``out``, what an offline host
-    installs from (``pip install --no-index --find-links``).  Needs the index, for setuptools
-    (the build backend) and the dependencies; bcc is Debian's, not a wheel."""
-    out.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run([python, "-m", "pip", "wheel", "-q", "--wheel-dir", str(out), str(checkout)],
-                         capture_output=True, text=True)
-    if res.returncode:
-        raise LabError("pip wheel failed: " + " | ".join(res.stderr.strip().splitlines()[-3:]))
-    return sorted(out.glob("*.whl"))
 
 
 class Container:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from drl.agent.units import to_bps
 
-from .agents import agent_argv
+from .agents import agent_argv, unit_config
+from .wheels import build_wheelhouse
 from .registry import builtin, resolve
 from .spec import REFERENCE, Experiment
 from .topology import plan as make_plan
@@ -51,8 +52,7 @@ def export(exp: Experiment) -> dict:
     agents = {}
     for alloc in exp.allocators:
         p = central if alloc == REFERENCE else spread
-        agents[alloc] = {h: {"iface_addr": iface.addr,
-                             "argv": agent_argv(p, h, alloc, VM_KEY, VM_SOCKET, iface=IFACE)}
+        agents[alloc] = {h: vm_agent(iface.addr, agent_argv(p, h, alloc, VM_KEY, VM_SOCKET, iface=IFACE))
                          for h, iface in p.agent_ifaces().items()}
     traffic = [{"label": g.label, "server": g.server_host, "client": g.client_host,
                 "server_argv": g.server_argv(VM_OUT, python="python3"),
@@ -64,6 +64,12 @@ def export(exp: Experiment) -> dict:
             "duration_s": exp.duration_s, "allocators": list(exp.allocators),
             "rto_min": spread.rto_min,
             "hosts": hosts, "agents": agents, "traffic": traffic, "events": events}
+
+
+def vm_agent(iface_addr: str, argv: list[str]) -> dict:
+    """A VM's agent: the address of the NIC it limits, its command line, and that command as
+    the drl.toml the shipped unit (systemd/drl-agent.service) runs with."""
+    return {"iface_addr": iface_addr, "argv": argv, "config": unit_config(argv)}
 
 
 def _impairment(link) -> dict:
@@ -154,20 +160,20 @@ class PrivateLibvirt:
     def virsh(self, *args: str) -> str:
         return subprocess.run(["virsh", "-c", self.uri, *args], capture_output=True, text=True).stdout
 
+    def running(self) -> bool:
+        return subprocess.run(["virsh", "-c", self.uri, "version"], capture_output=True).returncode == 0
+
     def stop(self) -> None:
-        """Destroy every VM, end libvirtd (and any QEMU it left), delete the namespace and ``base``."""
-        if self.proc and self.proc.poll() is None:
+        """Destroy every VM, end libvirtd (and any QEMU it left), delete the namespace and ``base``.
+        Works from another process than the one that started it (``drl-lab down``): libvirtd is
+        found by its pid file."""
+        if self.running():
             for dom in self.virsh("list", "--all", "--name").split():
                 self.virsh("destroy", dom)
             # a network's dnsmasq outlives libvirtd: destroying the network ends it
             for net in self.virsh("net-list", "--all", "--name").split():
                 self.virsh("net-destroy", net)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            self._end_libvirtd()
         # QEMU and dnsmasq outlive a libvirtd that did not get to destroy them
         for pidfile in [*(self.base / "run" / "qemu").glob("*.pid"), *(self.base / "run" / "network").glob("*.pid")]:
             with contextlib.suppress(ValueError, ProcessLookupError, OSError):
@@ -179,6 +185,23 @@ class PrivateLibvirt:
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)
 
+    def _end_libvirtd(self, timeout: float = 15) -> None:
+        if self.proc:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            return
+        with contextlib.suppress(ValueError, OSError):
+            pid = int((self.base / "libvirtd.pid").read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            # the namespace sweep in stop() kills it if it is still there
+
     def __enter__(self) -> "PrivateLibvirt":
         return self.start()
 
@@ -186,17 +209,27 @@ class PrivateLibvirt:
         self.stop()
 
 
+def build_install(dest: Path) -> Path:
+    """What provisioning installs on a VM of the box (vagrant/provision.sh, as docs/service.md
+    says): drl's wheel, built from this checkout (the box has its dependencies), and the
+    shipped units of systemd/."""
+    build_wheelhouse(REPO, dest, deps=False)
+    for unit in sorted((REPO / "systemd").glob("*.service")):
+        shutil.copy(unit, dest)
+    return dest
+
+
 class VagrantCluster:
     """The Vagrantfile's VMs for one topology file, on a PrivateLibvirt, with the box of
-    scripts/build-box.sh; Vagrant's state (its home with the box, .vagrant, the cluster
+    scripts/build-box.sh and drl from ``install`` (:func:`build_install`); Vagrant's state (its home with the box, .vagrant, the cluster
     key, the ssh config) stays in ``work``.  ``run(host, cmd)`` runs a shell command on a
     VM over ssh with Vagrant's key (one ssh, not one ``vagrant ssh``: each vagrant command
     costs seconds of Ruby start-up)."""
 
-    def __init__(self, libvirt: PrivateLibvirt, work: Path, box: Path, topology: Path, allocator: str,
-                 tcg: bool = True, memory_mib: int = 768, log=None):
+    def __init__(self, libvirt: PrivateLibvirt, work: Path, box: Path, install: Path, topology: Path,
+                 allocator: str, tcg: bool = True, memory_mib: int = 768, log=None):
         self.lv, self.work, self.box, self.log = libvirt, Path(work), Path(box), log
-        self.env = {**os.environ, "VAGRANT_HOME": str(self.work / "home"),
+        self.env = {**os.environ, "VAGRANT_HOME": str(self.work / "home"), "DRL_INSTALL": str(install),
                     "VAGRANT_DOTFILE_PATH": str(self.work / "dot"), "VAGRANT_CWD": str(VAGRANT_DIR),
                     "DRL_TOPOLOGY": str(topology), "DRL_ALLOCATOR": allocator, "DRL_BOX": "drl",
                     "DRL_VAGRANT_TCG": "1" if tcg else "0", "DRL_VAGRANT_MEMORY": str(memory_mib),
@@ -234,6 +267,23 @@ class VagrantCluster:
                 raise TimeoutError(f"drl-agent on {host} did not answer in {timeout:.0f} s:\n{journal}")
             time.sleep(5)
         return time.monotonic() - t0
+
+
+def boot(lv: PrivateLibvirt, work: Path, box: Path, topology: Path, allocator: str, agents: list[str],
+         tcg: bool, memory_mib: int, log, progress, runs_traffic: bool = False) -> VagrantCluster:
+    """The VMs of ``topology`` up on ``lv``, drl installed from this checkout, and every agent
+    of ``agents`` answering drlctl.  ``runs_traffic``: the caller starts the traffic servers
+    (for their reports), provisioning does not."""
+    vms = VagrantCluster(lv, work, box, build_install(work / "install"), topology, allocator, tcg=tcg,
+                         memory_mib=memory_mib, log=log)
+    if runs_traffic:
+        vms.env["DRL_LAB_RUNS_TRAFFIC"] = "1"
+    t = time.monotonic()
+    vms.up()
+    progress(f"   VMs up in {time.monotonic() - t:.0f} s (log: {log.name})")
+    for h in agents:
+        progress(f"   agent on {h} answers after {vms.wait_agent(h):.0f} s more")
+    return vms
 
 
 # Runs on a VM beside its agent (and on the sink): one JSON line per sample, stamped with
@@ -366,16 +416,9 @@ def _vm_run(exp: Experiment, alloc: str, out: Path, box: Path, work: Path, tcg: 
     plan = dataclasses.replace(make_plan(exp, run="lb0000"), netem=True)
     groups = place(plan)
     addr = {h["name"]: [l["addr"] for l in h["links"]] for h in doc["hosts"]}
+    hosts = list(doc["agents"][alloc])
     with open(out / "vagrant.log", "w") as log, PrivateLibvirt(work / "libvirt") as lv:
-        vms = VagrantCluster(lv, work, box, topo, alloc, tcg=tcg, memory_mib=memory_mib, log=log)
-        # the runner starts the traffic servers itself, for their reports
-        vms.env["DRL_LAB_RUNS_TRAFFIC"] = "1"
-        t = time.monotonic()
-        vms.up()
-        progress(f"   {len(doc['hosts'])} VMs up in {time.monotonic() - t:.0f} s (log: {out / 'vagrant.log'})")
-        hosts = list(doc["agents"][alloc])
-        for h in hosts:
-            progress(f"   agent on {h} answers after {vms.wait_agent(h):.0f} s more")
+        vms = boot(lv, work, box, topo, alloc, hosts, tcg, memory_mib, log, progress, runs_traffic=True)
         servers = []
         for g in groups:
             argv = g.server_argv(VM_OUT, python="/opt/drl/bin/python3")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the Vagrant box the VM lab boots (vagrant/README.md), from Debian's packages
-# and a wheelhouse made on this host, so that provisioning needs no network:
+# and a wheelhouse of drl's dependencies made on this host, so that provisioning (which
+# installs drl's own wheel and units, uploaded: lab/vagrant.py) needs no network:
 #
 #   bash scripts/build-box.sh            # prints the .box path (cached)
 #   DRL_BOX_CACHE=/somewhere bash scripts/build-box.sh
@@ -9,12 +10,13 @@
 # or bootloader, booted directly with the kernel and initrd that ship beside it in the
 # box (its own Vagrantfile points libvirt at them), which boots fastest under TCG.  It
 # holds the kernel and its headers, bcc, iproute2, iperf3, systemd(-networkd), sshd
-# with Vagrant's insecure key, and drl (with its dependencies) in /opt/drl.
+# with Vagrant's insecure key, and a venv in /opt/drl with drl's dependencies (not drl:
+# an edit of drl rebuilds no box).
 #
 # Two caches in $DRL_BOX_CACHE (default /var/cache/drl-test): the Debian root file
 # system (rootfs-<hash>.tar, keyed by this script and the package list: debootstrap
-# and apt take minutes) and the box (box-<hash>.box, also keyed by drl's sources), so
-# an edit of drl rebuilds only the last minute of work.  Every use touches what it reads;
+# and apt take minutes) and the box (box-<hash>.box, also keyed by pyproject.toml's
+# dependencies).  Every use touches what it reads;
 # what no checkout used for 14 days is dropped, other checkouts' boxes stay.  Needs root, debootstrap,
 # qemu-utils and e2fsprogs; reaches only the Debian mirror and PyPI (for the wheels).
 set -euo pipefail
@@ -33,13 +35,12 @@ say() { printf 'build-box: %s\n' "$*" >&2; }
 PKGS=(linux-image-amd64 linux-headers-amd64 initramfs-tools python3-bpfcc python3-venv
       iproute2 iperf3 ethtool procps kmod iputils-ping systemd systemd-sysv udev
       openssh-server sudo rsync ca-certificates)
-SRC=(pyproject.toml README.md agent bpf cli lab sim)
+REQS=$("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
 
 t0=$(date +%s)
 base_key=$( { cat "$0"; printf '%s\n' "$SUITE" "$MIRROR" "${PKGS[@]}"; } | sha256sum | cut -c1-16)
-src_key=$( { echo "$base_key"; (cd "$ROOT" && find "${SRC[@]}" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
-            -print0 | sort -z | xargs -0 sha256sum); } | sha256sum | cut -c1-16)
-BOX=$CACHE/box-$src_key.box
+box_key=$( { echo "$base_key"; echo "$REQS"; } | sha256sum | cut -c1-16)
+BOX=$CACHE/box-$box_key.box
 BASE=$CACHE/rootfs-$base_key.tar
 if [ -s "$BOX" ]; then
     touch "$BOX"        # in use: the pruning below keeps it
@@ -97,24 +98,18 @@ EOF
     say "root file system: $BASE ($(du -h "$BASE" | cut -f1), $(( $(date +%s) - t0 )) s so far)"
 fi
 
-say "wheelhouse for drl and its dependencies"
-"$PY" -m pip wheel -q --wheel-dir "$WORK/wheels" "$ROOT" >"$WORK/pip.log" 2>&1 \
+say "wheelhouse for drl's dependencies"
+mkdir -p "$R/tmp/wheels" && echo "$REQS" > "$R/tmp/wheels/requirements.txt"
+"$PY" -m pip wheel -q --wheel-dir "$R/tmp/wheels" -r "$R/tmp/wheels/requirements.txt" >"$WORK/pip.log" 2>&1 \
     || { tail -n 30 "$WORK/pip.log" >&2; exit 1; }
-mkdir -p "$R/tmp/wheels" && cp "$WORK"/wheels/*.whl "$R/tmp/wheels/"
 mount_api
 in_root /usr/bin/python3 -m venv --system-site-packages /opt/drl
-in_root /opt/drl/bin/pip install -q --no-index --find-links /tmp/wheels drl >"$WORK/pip-vm.log" 2>&1 \
-    || { umount_api; tail -n 30 "$WORK/pip-vm.log" >&2; exit 1; }
+in_root /opt/drl/bin/pip install -q --no-index --find-links /tmp/wheels -r /tmp/wheels/requirements.txt \
+    >"$WORK/pip-vm.log" 2>&1 || { umount_api; tail -n 30 "$WORK/pip-vm.log" >&2; exit 1; }
 umount_api
+"$PY" -c 'import json, sys; print(json.dumps({"venv": "/opt/drl", "requirements": sys.argv[1].split()}))' "$REQS" \
+    > "$R/etc/drl-box.json"
 rm -rf "$R/tmp/wheels" "$R"/root/.cache
-# What provision.sh would otherwise do with the network: drl on root's and sudo's PATH.
-ln -sf /opt/drl/bin/drl-agent /opt/drl/bin/drlctl "$R/usr/local/bin/"
-echo 'PATH=/opt/drl/bin:$PATH' > "$R/etc/profile.d/drl.sh"
-"$PY" - "$ROOT" > "$R/etc/drl-box.json" <<'EOF'
-import json, subprocess, sys
-rev = subprocess.run(["git", "-C", sys.argv[1], "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-print(json.dumps({"drl": "/opt/drl", "commit": rev or None}))
-EOF
 
 # Vagrant's user, its insecure key (the one vagrant ships) and password-less sudo.
 VKEY=$(ls /usr/share/rubygems-integration/all/gems/vagrant-*/keys/vagrant.pub 2>/dev/null | head -n 1 || true)

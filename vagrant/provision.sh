@@ -1,11 +1,18 @@
 #!/bin/sh
 # Provision one VM of the Vagrant twin (called by the Vagrantfile with DRL_* set):
-# install drl, add the lab's routes and link shaping, start drl-agent (if this host
-# runs one) and the traffic servers (if it is the sink) as systemd services.
+# install drl and its units, add the lab's routes and link shaping, start the shipped
+# drl-agent.service with the host's drl.toml (if this host runs an agent) and the
+# traffic servers (if it is the sink) as systemd services.
 set -eu
 
-# A box from scripts/build-box.sh has all of this (and no network to fetch it with).
-if [ ! -e /etc/drl-box.json ]; then
+# drl and its units, as docs/service.md installs them.  A box of scripts/build-box.sh has
+# the venv with drl's dependencies (and no network): the wheel and the units come uploaded
+# in /tmp/drl-install.  Any other box gets everything from the internet and the synced
+# checkout in /drl.
+if [ -d /tmp/drl-install ]; then
+    /opt/drl/bin/pip install -q --no-index --no-deps /tmp/drl-install/drl-*.whl
+    units=/tmp/drl-install
+else
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     apt-get install -qy python3-venv python3-bpfcc iperf3 ethtool iproute2 "linux-headers-$(uname -r)"
@@ -17,15 +24,19 @@ if [ ! -e /etc/drl-box.json ]; then
     # reaches the install.
     rm -rf /drl/build
     /opt/drl/bin/pip install -q /drl
-    # sudo's secure_path has /usr/local/bin; login shells get the venv's python3
-    # for the traffic commands (python3 -m drl.lab.web ...).
-    ln -sf /opt/drl/bin/drl-agent /opt/drl/bin/drlctl /usr/local/bin/
-    echo 'PATH=/opt/drl/bin:$PATH' > /etc/profile.d/drl.sh
+    units=/drl/systemd
 fi
+# sudo's secure_path has /usr/local/bin (and the unit's ExecStart= wants it there); login
+# shells get the venv's python3 for the traffic commands (python3 -m drl.lab.web ...).
+ln -sf /opt/drl/bin/drl-agent /opt/drl/bin/drlctl /usr/local/bin/
+echo 'PATH=/opt/drl/bin:$PATH' > /etc/profile.d/drl.sh
+id drl >/dev/null 2>&1 || useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin drl
 install -d /var/tmp/drl
-install -d -m 0700 /etc/drl
-install -m 0600 /tmp/drl-cluster.key /etc/drl/cluster.key
+install -d -m 0755 /etc/drl
+install -m 0640 -g drl /tmp/drl-cluster.key /etc/drl/cluster.key   # the agent reads it as drl
 rm -f /tmp/drl-cluster.key
+install -m 0644 "$units/drl-agent.service" "$units/drl-agent@.service" /etc/systemd/system/
+rm -rf /tmp/drl-install
 
 iface_of() {  # the NIC that carries address $1
     ip -o -4 addr show | awk -v a="$1" '{split($4, p, "/"); if (p[1] == a) print $2}'
@@ -58,24 +69,17 @@ for dev in $(ls /sys/class/net | grep -v '^lo$'); do   # police MTU-sized packet
     ethtool -K "$dev" tso off gso off gro off 2>/dev/null || true
 done
 
-if [ -n "${DRL_AGENT_ARGS}" ]; then
+if [ -n "${DRL_AGENT_CONFIG}" ]; then
     dev=$(iface_of "${DRL_AGENT_IFACE_ADDR}")
-    # Shellwords.join (the Vagrantfile) writes the placeholder as \{iface\}
-    args=$(printf '%s' "${DRL_AGENT_ARGS}" | sed "s/\\\\{iface\\\\}/${dev}/; s/{iface}/${dev}/; s|^drl-agent |/opt/drl/bin/drl-agent |")
-    cat > /etc/systemd/system/drl-agent.service <<UNIT
-[Unit]
-Description=drl agent (distributed rate limiter)
-After=network-online.target
-
-[Service]
-ExecStart=${args}
-Restart=on-failure
-
-[Install]
-WantedBy=multi-user.target
-UNIT
+    printf '%s' "${DRL_AGENT_CONFIG}" | sed "s/{iface}/${dev}/" > /etc/drl/drl.toml
+    if [ -n "${DRL_VAGRANT_TCG}" ]; then   # docs/service.md "On a slow host"
+        install -d /etc/systemd/system/drl-agent.service.d
+        printf '[Service]\nTimeoutStartSec=600s\n' > /etc/systemd/system/drl-agent.service.d/slow-start.conf
+    fi
     systemctl daemon-reload
-    systemctl enable --now drl-agent.service
+    systemctl enable -q drl-agent.service
+    # not waited for here (Type=notify: READY=1 after bcc's compile): drl-lab waits for drlctl
+    systemctl start --no-block drl-agent.service
 fi
 
 i=0

@@ -14,7 +14,8 @@ module DrlTopology
   end
 
   # One hash per VM: name, role, ips (one per link, in link order), intnets,
-  # routes, rto_min ("" = the kernel's), shaping, the agent command (nil if the host runs none) and traffic.
+  # routes, rto_min ("" = the kernel's), shaping, the agent command and its drl.toml (nil if the host
+  # runs none) and traffic.
   def self.vms(path, allocator = nil)
     topo = JSON.parse(File.read(path))
     allocator ||= topo["allocators"].first
@@ -34,6 +35,7 @@ module DrlTopology
         "shaping" => h["links"].select { |l| l["rate_bps"] || l["delay_ms"] }.map { |l| shaping(l) },
         "agent_iface_addr" => agent && agent["iface_addr"],
         "agent_argv" => agent && agent["argv"],
+        "agent_config" => agent && agent["config"],
         "servers" => topo["traffic"].select { |t| t["server"] == h["name"] }.map { |t| t["server_argv"] },
         "clients" => topo["traffic"].select { |t| t["client"] == h["name"] }.map { |t| t["client_argv"] },
       }

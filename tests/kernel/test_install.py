@@ -1,8 +1,8 @@
 """A non-editable install works: the wheel, in a fresh venv outside the checkout, limits one host.
 
-The module builds the wheel once from a copy of the working tree (so no
-``build/`` is left in the checkout and no stale file there reaches the
-wheel), makes a venv from Debian's /usr/bin/python3 with
+The module builds the wheel once from a copy of the working tree
+(lab/wheels.py: no ``build/`` is left in the checkout and no stale file there
+reaches the wheel), makes a venv from Debian's /usr/bin/python3 with
 ``--system-site-packages`` (bcc comes from python3-bpfcc) and installs the
 wheel into it with no extra.  Every command runs from a directory outside the
 checkout with PYTHONPATH unset, so nothing can import the source tree; the
@@ -18,9 +18,7 @@ from __future__ import annotations
 import email.parser
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 import tomllib
 import types
@@ -32,15 +30,13 @@ import pytest
 from drl.lab.agents import READY_TIMEOUT_S, Agent
 from drl.lab.measure import tc_show, tcp_rate_at_sink
 from drl.lab.metrics import within
+from drl.lab.wheels import build_wheelhouse
 
 pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"          # Debian's, the one python3-bpfcc installs bcc for
 SCRIPTS = ("drl-agent", "drlctl", "drl-lab", "drl-sim")
-# Left out of the copy the wheel is built from: VCS, venvs, build and cache folders, run outputs.
-NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache",
-                                    ".hypothesis", ".ruff_cache", ".vagrant", "results", "out", "sim-out")
 
 
 def clean_env() -> dict[str, str]:
@@ -69,11 +65,8 @@ def install(tmp_path_factory):
         pytest.skip(f"needs Debian's {SYSTEM_PYTHON}")
     top = tmp_path_factory.mktemp("install")
     assert not top.resolve().is_relative_to(ROOT), top
-    src, wheels, venv = top / "src", top / "wheels", top / "venv"
-    shutil.copytree(ROOT, src, ignore=NOT_COPIED)
-    must([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, src], top)
-    (wheel,) = wheels.glob("drl-*.whl")
-    shutil.rmtree(src)
+    wheels, venv = top / "wheels", top / "venv"
+    (wheel,) = build_wheelhouse(ROOT, wheels, deps=False)
     elsewhere = top / "elsewhere"          # an empty working directory: nothing to import from
     elsewhere.mkdir()
     must([SYSTEM_PYTHON, "-m", "venv", "--system-site-packages", venv], top)

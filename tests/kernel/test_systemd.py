@@ -28,10 +28,11 @@ from pyroute2 import NetNS
 from drl.agent.kernel.caps import REQUIRED
 from drl.lab.measure import tc_show
 from drl.lab.netns import Lab, poll, stop
-from drl.lab.nspawn import Container, build_rootfs, build_wheelhouse
+from drl.lab.nspawn import Container, build_rootfs
 from drl.lab.preflight import skip_reason
 from drl.lab.topology import new_run, pair
 from drl.lab.traffic import iperf3_server, iperf3_start
+from drl.lab.wheels import build_wheelhouse
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 

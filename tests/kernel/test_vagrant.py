@@ -1,20 +1,19 @@
-"""The Vagrant twin boots and measures: two limiter VMs from scripts/build-box.sh's box,
-on a libvirtd of the test's own (in its own network namespace, lab/vagrant.py's
-PrivateLibvirt), one FPS agent each sharing 10 Mbit/s between 1 and 3 TCP flows.
+"""The Vagrant twin, entered as a user would: ``drl-lab up`` boots two limiter VMs and a
+sink from scripts/build-box.sh's box (on a libvirtd of the twin's own, in its own network
+namespace: lab/vagrant.py PrivateLibvirt), ``drl-lab ssh`` runs ``drlctl status`` and
+looks at the agent's unit, then two iperf3 clients share 10 Mbit/s 1:3 through the two
+FPS agents, and ``drl-lab down`` removes everything.
 
-Both send to a third VM, the sink, on one isolated network (no traffic leaves the
-test's VMs; a limiter's egress carries only its own flows, not the ACKs of the
-other's, which FPS would count as flows too); a 20 ms netem delay on every VM gives
-the flows the lab's 40 ms RTT (lab/experiments/baseline.toml).  QEMU emulates (TCG) unless
-DRL_VAGRANT_TCG=0: this machine's /dev/kvm cannot boot a Debian kernel.  Takes minutes:
-the box (built once, then cached in /var/cache/drl-test), two VMs booting, and bcc
-compiling limiter.c in each.
+Each limiter sends to the sink on a link of its own (its egress carries only its own
+flows, not the ACKs of the other's, which FPS would count as flows too); a 20 ms netem
+delay on every VM's NIC gives the flows the lab's 40 ms RTT (lab/experiments/baseline.toml).
+QEMU emulates (TCG) unless DRL_VAGRANT_TCG=0: this machine's /dev/kvm cannot boot a
+Debian kernel.  Takes minutes: the box (built once, then cached in /var/cache/drl-test),
+three VMs booting, and bcc compiling limiter.c in each.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -22,10 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from drl.lab.vagrant import VM_KEY, VM_SOCKET, PrivateLibvirt, VagrantCluster, build_box, vagrant_missing
+from drl.agent.kernel.caps import REQUIRED
+from drl.lab.agents import installed
+from drl.lab.vagrant import VM_KEY, VM_SOCKET, vagrant_missing, vm_agent
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
+ROOT = Path(__file__).resolve().parents[2]
 GLOBAL_BPS = 10_000_000
 FLOWS = {"l1": 1, "l2": 3}
 ADDR = {"l1": "10.1.0.1", "l2": "10.1.0.2", "sink": "10.1.0.3"}
@@ -43,10 +45,10 @@ def topology() -> dict:
 
     def agent(h):
         o = other[h]
-        return {"iface_addr": ADDR[h], "argv": [
+        return vm_agent(ADDR[h], [
             "drl-agent", "up", "--iface", "{iface}", "--global", f"{GLOBAL_BPS}bit", "--allocator", "fps",
             "--node-id", h, "--socket", VM_SOCKET, "--listen", f"{ADDR[h]}:7470", "--peers", f"{o}@{ADDR[o]}:7470",
-            "--key-file", VM_KEY, "--interval", INTERVAL, "--ewma", "0.1", "--burst", "75000"]}
+            "--key-file", VM_KEY, "--interval", INTERVAL, "--ewma", "0.1", "--burst", "75000"])
 
     return {
         "experiment": "vmtest", "allocators": ["fps"], "rto_min": None, "events": [],
@@ -65,60 +67,99 @@ def client_argv(host: str, i: int) -> list[str]:
             "-P", str(FLOWS[host]), "-C", "cubic", "-J"]
 
 
-def agent_cpu_s(vms: VagrantCluster, host: str) -> float:
-    """CPU seconds the agent on ``host`` has used so far (user + system, from /proc, in
-    the guest's clock ticks)."""
-    out = vms.run(host, "getconf CLK_TCK; sudo cat /proc/$(pgrep -o -f 'drl-agent up')/stat").stdout
+class Twin:
+    """The drl-lab commands a user types, on a twin directory of the test's own."""
+
+    def __init__(self, twin_dir: Path):
+        self.dir = twin_dir
+        self.lab = installed("drl-lab")
+
+    def __call__(self, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([self.lab, *args[:1], "--twin-dir", str(self.dir), *args[1:]],
+                              capture_output=True, text=True, timeout=timeout, **kw)
+
+    def ssh(self, host: str, cmd: str, **kw) -> subprocess.CompletedProcess:
+        out = self("ssh", host, "--", cmd, **kw)
+        assert out.returncode == 0, f"drl-lab ssh {host} -- {cmd}: exit {out.returncode}\n{out.stderr[-2000:]}"
+        return out
+
+    def popen(self, host: str, cmd: str, stdout) -> subprocess.Popen:
+        return subprocess.Popen([self.lab, "ssh", "--twin-dir", str(self.dir), host, "--", cmd],
+                                stdout=stdout, stderr=subprocess.PIPE)
+
+
+def unit_props(twin: Twin, host: str) -> dict[str, str]:
+    props = "MainPID ActiveState User FragmentPath DropInPaths WatchdogUSec NoNewPrivileges ProtectSystem"
+    out = twin.ssh(host, f"sudo systemctl show drl-agent.service {' '.join('-p ' + p for p in props.split())}").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def agent_cpu_s(twin: Twin, host: str, pid: str) -> float:
+    """CPU seconds the agent on ``host`` has used so far (user + system, from /proc)."""
+    out = twin.ssh(host, f"getconf CLK_TCK; sudo cat /proc/{pid}/stat").stdout
     tck, stat = out.split("\n", 1)
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / int(tck)
 
 
-@pytest.fixture(scope="session")
-def box():
-    """The box, built once per machine (keyed by its packages and drl's sources)."""
+def test_the_twin_comes_up_runs_the_shipped_unit_shares_by_flow_count_and_goes(tmp_path):
     reason = vagrant_missing()
     if reason:
         pytest.skip(reason)
-    t0 = time.monotonic()
-    path = build_box()
-    print(f"\nbox {path.name}: {time.monotonic() - t0:.0f} s")
-    return path
-
-
-def test_two_vms_share_the_limit_by_flow_count(box, tmp_path):
-    work = Path(tempfile.mkdtemp(prefix="drl-vagrant-", dir="/var/tmp"))
+    work = Path(tempfile.mkdtemp(prefix="drl-twin-", dir="/var/tmp"))
     topo = work / "topology.json"
     topo.write_text(json.dumps(topology(), indent=1))
-    tcg = os.environ.get("DRL_VAGRANT_TCG", "1") != "0"
+    twin = Twin(work / "twin")
     times = {}
     try:
-        with open(tmp_path / "vagrant.log", "w") as log, PrivateLibvirt(work / "libvirt") as lv:
-            vms = VagrantCluster(lv, work, box, topo, "fps", tcg=tcg, memory_mib=768, log=log)
-            t0 = time.monotonic()
-            try:
-                vms.up()
-            except Exception:
-                pytest.fail(f"vagrant up failed:\n{(tmp_path / 'vagrant.log').read_text()[-4000:]}")
-            times["up"] = time.monotonic() - t0
-            for h in LIMITERS:
-                times[f"agent {h}"] = vms.wait_agent(h)
-            cpu0 = {h: agent_cpu_s(vms, h) for h in LIMITERS}
-            t0 = time.monotonic()
-            procs = {h: vms.popen(h, " ".join(client_argv(h, i)), stdout=open(work / f"{h}.json", "w"))
-                     for i, h in enumerate(LIMITERS)}
-            for h, p in procs.items():
-                _, err = p.communicate(timeout=WARMUP_S + MEASURE_S + 120)
-                assert p.returncode == 0, f"iperf3 on {h}: {err.decode()[-2000:]}"
-            times["traffic"] = time.monotonic() - t0
-            agent_cpu = {h: (agent_cpu_s(vms, h) - cpu0[h]) / times["traffic"] for h in LIMITERS}
+        t0 = time.monotonic()
+        up = twin("up", str(topo), "--on", "vagrant", "--allocator", "fps", timeout=2400)
+        times["up"] = time.monotonic() - t0
+        assert up.returncode == 0, f"drl-lab up exited {up.returncode}:\n{up.stderr[-4000:]}"
+        print(up.stderr)
+
+        status = twin.ssh("l1", "sudo drlctl status").stdout
+        assert "l2" in status and "alive" in status, status
+        doc = json.loads(twin.ssh("l2", "sudo drlctl status --json").stdout)
+        assert [p["state"] for p in doc["peers"]] == ["alive"], doc["peers"]
+
+        shipped = (ROOT / "systemd" / "drl-agent.service").read_text()
+        pids = {}
+        for h in LIMITERS:
+            props = unit_props(twin, h)
+            assert props["ActiveState"] == "active" and props["User"] == "drl", props
+            assert props["FragmentPath"] == "/etc/systemd/system/drl-agent.service", props
+            assert twin.ssh(h, "cat /etc/systemd/system/drl-agent.service").stdout == shipped
+            # the one drop-in: bcc's compile under TCG outlasts the unit's start timeout
+            assert props["DropInPaths"] in ("", "/etc/systemd/system/drl-agent.service.d/slow-start.conf"), props
+            assert props["WatchdogUSec"] == "10s" and props["NoNewPrivileges"] == "yes", props
+            fields = dict(line.split(":", 1) for line in
+                          twin.ssh(h, f"cat /proc/{props['MainPID']}/status").stdout.splitlines())
+            want = sum(1 << bit for bit in REQUIRED.values())
+            assert int(fields["CapEff"], 16) == want and int(fields["CapBnd"], 16) == want, fields
+            assert fields["Uid"].split()[0] != "0", fields["Uid"]
+            pids[h] = props["MainPID"]
+
+        cpu0 = {h: agent_cpu_s(twin, h, pids[h]) for h in LIMITERS}
+        t0 = time.monotonic()
+        procs = {h: twin.popen(h, " ".join(client_argv(h, i)), stdout=open(work / f"{h}.json", "w"))
+                 for i, h in enumerate(LIMITERS)}
+        for h, p in procs.items():
+            _, err = p.communicate(timeout=WARMUP_S + MEASURE_S + 120)
+            assert p.returncode == 0, f"iperf3 on {h}: {err.decode()[-2000:]}"
+        times["traffic"] = time.monotonic() - t0
+        agent_cpu = {h: (agent_cpu_s(twin, h, pids[h]) - cpu0[h]) / times["traffic"] for h in LIMITERS}
         runs = {h: json.loads((work / f"{h}.json").read_text())["end"] for h in LIMITERS}
-        rates = {h: runs[h]["sum_received"]["bits_per_second"] for h in LIMITERS}
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        t0 = time.monotonic()
+        gone = twin("down", timeout=300)
+        times["down"] = time.monotonic() - t0
+        subprocess.run(["rm", "-rf", str(work)])
+    assert gone.returncode == 0 and "destroyed" in gone.stdout, gone.stdout + gone.stderr
+    assert not twin.dir.exists()
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert lv.netns not in left, "the test's namespace outlived it"
-    assert not lv.base.exists()
+    assert "drltw" not in left, f"the twin's namespace outlived it: {left}"
+    rates = {h: runs[h]["sum_received"]["bits_per_second"] for h in LIMITERS}
     total = sum(rates.values())
     shares = {h: r / total for h, r in rates.items()}
     print(f"times (s): {', '.join(f'{k} {v:.0f}' for k, v in times.items())}")

@@ -63,4 +63,10 @@ def test_libvirt_links_give_the_host_bridge_no_address(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VAGRANT_HOME": str(tmp_path / "home"),
            "VAGRANT_DOTFILE_PATH": str(tmp_path / "dot"), "DRL_BOX": "drl", "DRL_VAGRANT_TCG": "1"}
     out = subprocess.run(["vagrant", "validate"], cwd=ROOT / "vagrant", env=env, capture_output=True, text=True)
+    assert out.returncode == 1 and "needs DRL_INSTALL" in out.stderr, out.stdout + out.stderr
+    install = tmp_path / "install"          # what lab/vagrant.py build_install makes (validate reads no file)
+    install.mkdir()
+    (install / "drl-0.1.0-py3-none-any.whl").touch()
+    out = subprocess.run(["vagrant", "validate"], cwd=ROOT / "vagrant", env={**env, "DRL_INSTALL": str(install)},
+                         capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
