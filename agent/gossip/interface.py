@@ -2,7 +2,7 @@
 ``MemoryTransport`` share.  The daemon is typed against :class:`TransportPort`."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from drl.agent.gossip.core import Outgoing, Received
 from drl.agent.gossip.peers import HostPort
@@ -17,6 +17,9 @@ class TransportPort(Protocol):
     stats: Any
     sock: Any                # selectable by serve(), or None
     unresolved: Mapping
+    incarnation: int         # this life of the agent, as its datagrams name it
+
+    def set_signed(self, signed: Callable[[int], bool]) -> None: ...
 
     def set_peers(self, peers: Mapping[HostPort, str | None], timeout_s: float | None = None) -> Mapping: ...
     def poll(self, now: float) -> list[Received]: ...

@@ -27,6 +27,13 @@ class MemoryTransport:
         self.sent: list[tuple[tuple, bytes]] = []
         self.unresolved: dict = {}
 
+    @property
+    def incarnation(self):
+        return self.core.incarnation
+
+    def set_signed(self, signed):
+        self.core.signed = signed
+
     def arrive(self, datagrams, src):
         self.queue += [(data, src) for _, data in datagrams]
 

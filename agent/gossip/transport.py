@@ -28,7 +28,7 @@ import math
 import random
 import socket
 import sys
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from drl.agent.gossip.core import GossipCore, Outgoing, PeerList, Received, Stats
 from drl.agent.model import Envelope
@@ -169,6 +169,15 @@ class UdpTransport:
                 out.append(rx)
         return out
 
+    @property
+    def incarnation(self) -> int:
+        """This life of the agent, as its datagrams name it (the registry announces it too)."""
+        return self.core.incarnation
+
+    def set_signed(self, signed: Callable[[int], bool]) -> None:
+        """Which class keys may carry values below 0 (peers' negative values are refused otherwise)."""
+        self.core.signed = signed
+
     def publish(self, classes: Mapping[int, Outgoing], now: float) -> None:
         """Gossip the classes' values (or a heartbeat) to this interval's targets."""
         for addr, data in self.core.publish(classes, now):
@@ -232,6 +241,11 @@ class Standalone:
         if peers:
             raise TransportError("this agent started without peers has no gossip socket")
         return {}
+
+    incarnation = 0      # never announced: a standalone agent has no registry
+
+    def set_signed(self, signed: Callable[[int], bool]) -> None:
+        pass
 
     def poll(self, now: float) -> list[Received]:
         return []

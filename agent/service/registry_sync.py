@@ -68,7 +68,7 @@ class RegistrySync:
         the whole limit), unless --peers names them."""
         cfg = self.cfg
         self.registry = Registry(dataclasses.replace(cfg.registry, mark=cfg.gossip_mark), cfg.node_id,
-                                 self.transport.address, self.transport.core.incarnation)
+                                 self.transport.address, self.transport.incarnation)
         self.registry.start()
         deadline = time.monotonic() + REGISTRY_START_S
         while not self.registry.view().reachable and time.monotonic() < deadline:

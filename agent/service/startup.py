@@ -115,8 +115,7 @@ def acquire(agent: "Agent", stack: contextlib.ExitStack, transport: Callable[[Co
     agent.enforce = Enforcer(agent.dp, agent.shaper, agent.book, failsafe_s=cfg.failsafe_s)
     agent.table = ClassTable(agent.dp, agent.enforce, agent.book, node_id=cfg.node_id, state_dir=cfg.state_dir,
                              max_classes=cfg.max_classes, founders=agent.registry and agent.registry.founders)
-    if (core := getattr(agent.transport, "core", None)) is not None:    # peers' negative values: per class
-        core.signed = agent.table.signed
+    agent.transport.set_signed(agent.table.signed)      # peers' negative values: per class
     agent.table.apply(cfg.classes, agent.member_ids(), agent.members.n_nodes)
     agent.clients = ClientRules(agent.dp, cfg.node_id)
     agent.clients.apply(agent.table, time.monotonic(), agent.members.timeout_s, agent.members.n_nodes)
