@@ -35,7 +35,12 @@ def lookup_batch(table, keys, values, limit: int, delete: bool = False) -> int:
     """Up to ``limit`` entries of ``table`` into the caller's ``keys`` and ``values`` arrays
     (kept across ticks: bcc's items_lookup_batch allocates both at the map's full size and
     yields entry by entry); how many.  A hash map may take several calls.  ``delete``: and
-    delete them (BPF_MAP_LOOKUP_AND_DELETE_BATCH)."""
+    delete them (BPF_MAP_LOOKUP_AND_DELETE_BATCH).
+
+    The kernel copies whole hash buckets: when the next bucket holds more entries than the
+    room left it returns ENOSPC.  The arrays hold ``limit`` entries, so that happens only
+    once most of it is read, while the program adds entries behind the read (a flag table
+    filling as it is emptied): what was read is returned, the rest is there next time."""
     batch = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
     total, token = 0, ct.c_uint32(0)
     while total < limit:
@@ -45,9 +50,10 @@ def lookup_batch(table, keys, values, limit: int, delete: bool = False) -> int:
                     ct.byref(count))
         total += count.value
         if res:
-            if ct.get_errno() != errno.ENOENT:     # ENOENT: the map ended: done
-                raise DatapathError(f"reading a BPF map failed: {os.strerror(ct.get_errno())}")
-            break
+            err = ct.get_errno()
+            if err == errno.ENOENT or (err == errno.ENOSPC and total):     # the map ended, or the room did
+                break
+            raise DatapathError(f"reading a BPF map failed: {os.strerror(err)}")
         if not count.value:
             break
     return total

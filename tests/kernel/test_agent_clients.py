@@ -252,3 +252,48 @@ def test_a_new_heavy_client_of_three_hosts_is_held_from_its_first_second(net4, c
     assert 0.9 * threshold_Bps <= held <= 1.05 * threshold_Bps, held / threshold_Bps
     assert worst <= 1.5 * threshold_Bps, f"{worst / threshold_Bps:.2f}x the threshold in the 1-s window at {at:.1f} s"
     assert whole <= 1.05 * threshold_Bps, whole / threshold_Bps
+
+
+# argv[3] 36-byte UDP datagrams in a row to each of the first argv[2] addresses of argv[1].
+SPRAY = """
+import ipaddress, itertools, socket, sys
+net, n, rounds = ipaddress.ip_network(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+addrs = [str(a) for a in itertools.islice(net.hosts(), n)]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for a in addrs:
+    for _ in range(rounds):
+        try:
+            s.sendto(b"x" * 36, (a, 9))
+        except OSError:
+            pass                 # a full socket buffer drops one: the count still goes on
+"""
+
+
+def test_200000_clients_leave_the_agent_alive_and_limiting(net, cluster):
+    """More clients than the tables hold (--max-clients 131072), each over its line at once:
+    the program flags them faster than the agent empties the flag table, whose batch read then
+    meets a bucket larger than the room left (ENOSPC).  The agent reads what fitted, keeps
+    ticking and limiting, and the least recently seen clients lose their windows."""
+    server, client = net.hosts
+    server.run("ip", "route", "add", "10.128.0.0/14", "via", client.addr4)
+    agent = cluster(net).start(server, [], "fps", "400mbit", "--client-key", "dst/32", "--client-measure", "packets",
+                               "--client-threshold", "8/1s")
+    t0 = time.monotonic()
+    spray = server.popen(sys.executable, "-c", SPRAY, "10.128.0.0/14", "200000", "4")
+    held = 0                                      # the most clients the agent listed at once
+    while spray.poll() is None and agent.proc.poll() is None and time.monotonic() - t0 < 120:
+        held = max(held, len(clients(agent)))
+        time.sleep(0.5)
+    assert spray.wait(10) == 0
+    spray_s = time.monotonic() - t0
+    time.sleep(2.0)                               # ticks after the last datagram
+    assert agent.proc.poll() is None, agent.log.read_text()[-2000:]
+    status = agent.status()
+    assert status["datapath"]["state"] == "attached", status["datapath"]
+    print(f"sprayed 4 datagrams to each of 200,000 clients in {spray_s:.1f} s; up to {held} listed at once")
+    assert held > 0, "no client went over its line: the spray did not reach the client tables"
+    assert "datapath_error" not in agent.log.read_text()
+    # still limiting: a TCP download through the class's 400 Mbit/s stays under it
+    with iperf3_server(client) as srv:
+        run = iperf3_start(server, srv, seconds=3).wait()
+    assert 0 < run.received_bps <= 1.1 * 400e6, run.received_bps
