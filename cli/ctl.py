@@ -143,6 +143,9 @@ def render(st: dict) -> str:
         + ("  (shadow mode: would have dropped; nothing was)" if st.get("shadow") else ""),
     ]
     lines += [f"hint        {c['name']}: {c['hint']}" for c in st.get("classes", []) if c.get("hint")]
+    if ahead := st.get("datapath", {}).get("ahead"):
+        lines.append(f"warning     tc filters at pref {','.join(map(str, ahead))} run before drl's on egress: "
+                     "what they classify is not limited")
     g = st["gossip"]
     lines.append(f"gossip      sent {g['sent']}  received {g['received']}  lost {g['lost']}  "
                  f"rejected {g['rejected']}  control {format_rate(g['control_bps'] / 8)}")

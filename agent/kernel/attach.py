@@ -2,7 +2,9 @@
 
 ``attach`` adds clsact (unless present) and our egress filter (our ingress one too
 while a class bans), ``detach`` removes exactly that, and ``ensure_attached`` checks
-every tick, with one raw netlink dump, that our program is still the filter.
+every tick, with one raw netlink dump, that our program is still the filter, and which
+other filters run before it (a lower prio: whatever they classify never reaches ours,
+so it passes unlimited; ``attachment["ahead"]``, ``event=filter_ahead``).
 
 The interface is followed by its name: deleted and made again (a new ifindex, no clsact),
 it is found by ``ensure_attached`` the first tick our filter is missing, and everything
@@ -41,7 +43,7 @@ class Attachment:
     ``iface``, ``_relock`` (its interface lock onto a new index), the loaded programs (``_fn``,
     ``_fn_in``, ``_prog_id``, ``_in_prog_id``) and its client part (``_bans_anywhere``: is the
     ingress filter wanted); keeps ``_attached``, ``_created_clsact``, ``_reattached``,
-    ``_recreated`` and ``_attach_error``."""
+    ``_recreated``, ``_ahead`` and ``_attach_error``."""
 
     def attach(self) -> None:
         """Add clsact (unless present) and our egress filter, replacing an earlier one of ours;
@@ -140,7 +142,7 @@ class Attachment:
         the interface's index and how often it was found made again under its name."""
         state = "failed" if self._attach_error else "attached" if self._attached else "detached"
         return {"state": state, "reattached": self._reattached, "error": self._attach_error,
-                "ifindex": self._ifindex, "recreated": self._recreated}
+                "ifindex": self._ifindex, "recreated": self._recreated, "ahead": list(self._ahead)}
 
     def _has_clsact(self) -> bool:
         try:
@@ -152,12 +154,25 @@ class Attachment:
         """Our program at our prio/handle on clsact egress (and ingress, while a class bans):
         one dump each on the raw netlink socket (a missing clsact or interface dumps nothing)."""
         try:
-            if _egress_prog_id(self._nl, self._ifindex) != self._prog_id:
+            prog, ahead = _dump_filters(self._nl, self._ifindex)
+            self._note_ahead(ahead)
+            if prog != self._prog_id:
                 return False
             return not self._bans_anywhere() or \
-                _egress_prog_id(self._nl, self._ifindex, INGRESS_PARENT) == self._in_prog_id
+                _dump_filters(self._nl, self._ifindex, INGRESS_PARENT)[0] == self._in_prog_id
         except OSError:
             return False
+
+    def _note_ahead(self, ahead: tuple[int, ...]) -> None:
+        """Log when filters of others start or stop running before ours on egress."""
+        if ahead == self._ahead:
+            return
+        if ahead:
+            log.warning("filter_ahead", iface=self.iface, prios=",".join(map(str, ahead)), ours=FILTER_PRIO,
+                        error="what these egress filters classify never reaches drl's and is not limited")
+        else:
+            log.info("filter_ahead_gone", iface=self.iface)
+        self._ahead = ahead
 
     def _set_ingress(self, on: bool) -> None:
         """Our ingress filter on (replacing an earlier one of ours) or off; NetlinkError."""
@@ -198,21 +213,25 @@ def _is_ours(f) -> bool:
 _RTM_NEWTFILTER, _RTM_GETTFILTER = 44, 46
 
 
-def _egress_prog_id(sock: socket.socket, ifindex: int, parent: str = EGRESS_PARENT) -> int | None:
-    """The program id of the bpf filter at our prio/handle on clsact egress (or ``parent``), or None."""
+def _dump_filters(sock: socket.socket, ifindex: int, parent: str = EGRESS_PARENT) -> tuple[int | None, tuple[int, ...]]:
+    """The program id of the bpf filter at our prio/handle on clsact egress (or ``parent``), or
+    None; and the prios of the filters there that run before it (tc runs them by prio, and
+    the first that classifies a packet ends the walk)."""
     seq = rtnetlink.send(sock, _RTM_GETTFILTER, _NLM_F_DUMP,
                          _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, int(parent.replace(":", ""), 16), 0))
-    found = None
+    found, ahead = None, set()
     for kind, body in rtnetlink.replies(sock, seq):     # an error reply raises OSError: the caller's False
         if kind != _RTM_NEWTFILTER:
             continue
         _, _, handle, _, info = _TCMSG.unpack_from(body)
+        if info >> 16 < FILTER_PRIO:
+            ahead.add(info >> 16)
         if handle == FILTER_HANDLE and info >> 16 == FILTER_PRIO:
             attrs = _attrs(body, _TCMSG.size, len(body))
             bpf = _attrs(attrs.get(_TCA_OPTIONS, b""), 0, len(attrs.get(_TCA_OPTIONS, b"")))
             if attrs.get(_TCA_KIND, b"").rstrip(b"\0") == b"bpf" and len(bpf.get(_TCA_BPF_ID, b"")) == 4:
                 found = int.from_bytes(bpf[_TCA_BPF_ID], sys.byteorder)
-    return found
+    return found, tuple(sorted(ahead))
 
 
 def open_link(iface: str, netns: str | None) -> tuple[IPRoute, socket.socket, int]:

@@ -165,6 +165,7 @@ class Datapath(Attachment, ClassMaps, RuleMaps, ClientMaps, FlowMaps):
         self._created_clsact = False
         self._reattached = 0
         self._recreated = 0                         # times the interface came back under a new index
+        self._ahead: tuple[int, ...] = ()          # prios of others' egress filters that run before ours
         self._attach_error: str | None = None
         self._netns = netns
         gossip_port, gossip_mark = _gossip_exemption(gossip_port, gossip_mark)

@@ -16,7 +16,7 @@ import pytest
 from drl.agent import abi
 from drl.agent.classes.spec import parse_class
 from drl.agent.model import Mode
-from drl.lab.agents import GOSSIP_PORT as PORT, up_argv, drl_agent
+from drl.lab.agents import GOSSIP_PORT as PORT, drl_agent, installed, up_argv
 from drl.lab.measure import sink_rate_bps, tc_show
 from drl.lab.metrics import within
 
@@ -221,7 +221,7 @@ def test_a_filter_removed_behind_the_agents_back_is_back_within_a_tick(net3, age
         # one interval until the next tick, plus the status poll (0.2 s) and a request, with room
         # for a busy machine's stall; never re-attached would time out at 3 s
         assert st["datapath"] == {"state": "attached", "reattached": done + 1, "error": None,
-                                  "ifindex": ifindex(h1), "recreated": 0}, st["datapath"]
+                                  "ifindex": ifindex(h1), "recreated": 0, "ahead": []}, st["datapath"]
         assert time.monotonic() - removed < 1.0, time.monotonic() - removed
         assert "drl_egress" in tc_show(h1, "filter")
     sender = blast(h1, h3.addr4, 9, 20e6, 5)
@@ -230,3 +230,36 @@ def test_a_filter_removed_behind_the_agents_back_is_back_within_a_tick(net3, age
     sender.wait()
     assert within(rate, 10e6, 0.10), rate
     assert a1.log.read_text().count("event=reattached") == 2
+
+
+def test_a_foreign_filter_ahead_of_ours_is_reported_within_a_tick_and_its_removal_too(net3, agents):
+    """A u32 filter at pref 1 that classifies everything (what CNI plugins and other tools add)
+    takes the traffic before drl's program sees it: the agent cannot stop that without touching
+    another tool's filter, but says so (status, log, metric) instead of passing it silently."""
+    h1, _, h3 = net3.hosts
+    a1 = agents.start(h1, [], "static", "10mbit", "--interval", "100ms")
+    assert a1.status()["datapath"]["ahead"] == []
+    h1.run("tc", "filter", "add", "dev", "eth0", "egress", "prio", "1", "protocol", "all",
+           "u32", "match", "u32", "0", "0", "classid", "1:1")
+    added = time.monotonic()
+    st = a1.wait_for(lambda s: s["datapath"]["ahead"] == [1], 3)
+    assert time.monotonic() - added < 1.0, time.monotonic() - added
+    assert st["datapath"]["state"] == "attached"
+    sender = blast(h1, h3.addr4, 9, 20e6, 3)     # what the warning is about: the limit does not hold
+    time.sleep(1.0)
+    bypass = sink_rate_bps(h3, 1.5)
+    sender.wait()
+    text = subprocess.run([installed("drlctl"), "--socket", a1.socket, "status"], capture_output=True,
+                          text=True, check=True).stdout
+    assert "warning     tc filters at pref 1 run before drl's" in text, text
+    h1.run("tc", "filter", "del", "dev", "eth0", "egress", "prio", "1")
+    a1.wait_for(lambda s: s["datapath"]["ahead"] == [], 3)
+    sender = blast(h1, h3.addr4, 9, 20e6, 4)
+    time.sleep(1.5)
+    held = sink_rate_bps(h3, 2)
+    sender.wait()
+    log = a1.log.read_text()
+    assert log.count("event=filter_ahead ") == 1 and log.count("event=filter_ahead_gone") == 1, log[-2000:]
+    print(f"with the filter ahead {bypass / 1e6:.1f} Mbit/s through a 10 Mbit/s limit; without {held / 1e6:.1f}")
+    assert bypass > 1.5 * 10e6, bypass
+    assert within(held, 10e6, 0.10), held

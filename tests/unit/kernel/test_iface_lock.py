@@ -109,10 +109,10 @@ def _filter_msg(seq: int, handle: int, prio: int, kind: bytes, prog_id: int | No
     return struct.pack("=IHHII", 16 + len(body), 44, 2, seq, 0) + body
 
 
-def test_the_egress_dump_finds_our_programs_id():
-    from drl.agent.kernel.attach import FILTER_HANDLE, FILTER_PRIO, _egress_prog_id
-    assert _egress_prog_id(FakeNetlink([]), 2) is None
-    found = [(0, FILTER_PRIO, b"bpf", None), (FILTER_HANDLE, 7, b"bpf", 11),
-             (FILTER_HANDLE, FILTER_PRIO, b"bpf", 42)]
-    assert _egress_prog_id(FakeNetlink(found), 2) == 42
-    assert _egress_prog_id(FakeNetlink([(FILTER_HANDLE, FILTER_PRIO, b"u32", 42)]), 2) is None
+def test_the_egress_dump_finds_our_programs_id_and_the_filters_ahead_of_it():
+    from drl.agent.kernel.attach import FILTER_HANDLE, FILTER_PRIO, _dump_filters
+    assert _dump_filters(FakeNetlink([]), 2) == (None, ())
+    found = [(0, FILTER_PRIO, b"bpf", None), (FILTER_HANDLE, 7, b"bpf", 11), (0, 7, b"bpf", None),
+             (0x800, 1, b"u32", None), (FILTER_HANDLE, FILTER_PRIO, b"bpf", 42), (1, FILTER_PRIO + 1, b"u32", None)]
+    assert _dump_filters(FakeNetlink(found), 2) == (42, (1, 7))       # behind ours (prio 210) runs never
+    assert _dump_filters(FakeNetlink([(FILTER_HANDLE, FILTER_PRIO, b"u32", 42)]), 2) == (None, ())
