@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class RegistryConfig:
     key: str | None = None
     ttl_s: float = 5.0
     mark: int | None = None      # SO_MARK of the agent's connections (its gossip mark: never policed)
+    start_timeout_s: float = 30.0   # --registry-timeout: a starting agent's wait for its first view
 
     @property
     def prefix(self) -> str:
@@ -90,7 +92,7 @@ def parse_registry(text: str) -> tuple[HostPort, ...]:
 
 
 def registry_config(registry: str, cluster: str | None, ca: str | None = None, cert: str | None = None,
-                    key: str | None = None) -> RegistryConfig:
+                    key: str | None = None, start_timeout_s: float = 30.0) -> RegistryConfig:
     """The options as given -> RegistryConfig, checked (TLS files loaded once); raises RegistryError."""
     endpoints = parse_registry(registry)
     if not cluster:
@@ -99,7 +101,7 @@ def registry_config(registry: str, cluster: str | None, ca: str | None = None, c
         raise RegistryError(f"--cluster {cluster!r}: use 1-64 of A-Z a-z 0-9 _ . -, not dots alone")
     if bool(cert) != bool(key):
         raise RegistryError("--registry-cert and --registry-key go together (the client certificate and its key)")
-    cfg = RegistryConfig(endpoints, cluster, ca, cert, key)
+    cfg = RegistryConfig(endpoints, cluster, ca, cert, key, start_timeout_s=start_timeout_s)
     cfg.gateways()
     return cfg
 
@@ -257,7 +259,8 @@ class Registry:
                 failures = 1 if self._view.reachable else failures + 1
                 self._publish(reachable=False, error=str(e))
                 endpoint = (endpoint + 1) % len(self._gateways)          # fail over in turn
-                self._stopping.wait(min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (failures - 1)))
+                # jittered: agents started together (a fleet's boot) must not retry in step
+                self._stopping.wait(min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (failures - 1)) * random.uniform(0.5, 1.0))
 
     def _session(self, gw: Gateway) -> None:
         """Register, flush, read everything, then keep alive and follow the watch until a failure."""

@@ -275,7 +275,8 @@ def _registry(opts: Mapping[str, Any], listen: HostPort) -> RegistryConfig | Non
         return None
     try:
         registry = registry_config(opts["registry"], opts.get("cluster"), opts.get("registry_ca"),
-                                   opts.get("registry_cert"), opts.get("registry_key"))
+                                   opts.get("registry_cert"), opts.get("registry_key"),
+                                   start_timeout_s=opts.get("registry_timeout_s") or 30.0)
     except RegistryError as e:
         raise ConfigError(str(e)) from None
     if "/" in opts["node_id"]:

@@ -331,6 +331,9 @@ FIELDS: tuple[Field, ...] = (
     Field("registry_ca", "--registry-ca", FILE, "CA certificate of etcd's TLS (https)."),
     Field("registry_cert", "--registry-cert", FILE, "Client certificate for etcd (with --registry-key)."),
     Field("registry_key", "--registry-key", FILE, "Key of --registry-cert."),
+    Field("registry_timeout_s", "--registry-timeout", DURATION, default="30s", show_default=True,
+          help="How long a starting agent waits for its first view of etcd (its peers and classes) before "
+               "it gives up, or starts on --peers and classes of its own."),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

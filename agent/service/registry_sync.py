@@ -34,8 +34,6 @@ from drl.agent.units import UnitError, parse_rate, to_bps
 
 log = logs.get_logger("drl.agent")
 
-# a first view of etcd takes milliseconds; more than this and the agent starts without it
-REGISTRY_START_S = 3.0
 # a class etcd lost is written back after a random delay of up to this, so that of N agents
 # holding it one writes and the others find it there (Registry.restore_class)
 RESTORE_DELAY_S = 1.0
@@ -62,7 +60,7 @@ class RegistrySync:
         return self._seen[1]
 
     def start(self) -> tuple[ClassConf, ...]:
-        """Register in etcd and wait (REGISTRY_START_S at most) for its first view: the
+        """Register in etcd and wait (--registry-timeout at most) for its first view: the
         members to start with and the classes in force.  Without one the agent cannot know
         its peers, so it does not start (a 1/N share of a cluster it cannot see would be
         the whole limit), unless --peers names them."""
@@ -70,14 +68,15 @@ class RegistrySync:
         self.registry = Registry(dataclasses.replace(cfg.registry, mark=cfg.gossip_mark), cfg.node_id,
                                  self.transport.address, self.transport.incarnation)
         self.registry.start()
-        deadline = time.monotonic() + REGISTRY_START_S
+        deadline = time.monotonic() + cfg.registry.start_timeout_s
         while not self.registry.view().reachable and time.monotonic() < deadline:
             time.sleep(0.01)
         seen, view = self.registry.snapshot()
         self._up = view.reachable
         if not view.reachable:
             if not cfg.peers or not cfg.classes:
-                raise RegistryError(f"no view of the cluster from etcd ({view.error}): without it this agent "
+                raise RegistryError(f"no view of the cluster from etcd in {cfg.registry.start_timeout_s:g} s "
+                                    f"(--registry-timeout; {view.error}): without it this agent "
                                     f"knows neither its peers nor, if it has none of its own, its classes")
             log.warning("registry", state="unreachable", error=view.error)
             return cfg.classes

@@ -61,6 +61,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "registry_ca": ("/etc/drl/ca.pem", "/etc/drl/ca.pem"),
     "registry_cert": ("/etc/drl/cert.pem", "/etc/drl/cert.pem"),
     "registry_key": ("/etc/drl/key.pem", "/etc/drl/key.pem"),
+    "registry_timeout_s": ("1m", "1m"),
 }
 
 

@@ -528,12 +528,15 @@ def test_an_agent_that_cannot_reach_etcd_at_start_does_not_start(tmp_path):
 
     args = ["--iface", "lo", "--node-id", "a", "--listen", "127.0.0.1:7470", "--insecure", "--interval", "1s",
             "--socket", str(tmp_path / "ctl.sock"), "--state-dir", str(tmp_path / "state"), "--global", "10mbit",
-            "--registry", f"etcd://127.0.0.1:{free_port()}", "--cluster", "t"]
-    cfg = load_config(None, up.make_context("up", args).params, {"global_Bps", "registry", "cluster"},
-                      check_host=False)
+            "--registry", f"etcd://127.0.0.1:{free_port()}", "--cluster", "t", "--registry-timeout", "1s"]
+    cfg = load_config(None, up.make_context("up", args).params,
+                      {"global_Bps", "registry", "cluster", "registry_timeout_s"}, check_host=False)
     dp = FakeDatapath()
-    with pytest.raises(StartupError, match="no view of the cluster from etcd .*connection refused.*knows neither"):
+    t0 = time.monotonic()
+    with pytest.raises(StartupError, match=r"no view of the cluster from etcd in 1 s \(--registry-timeout; "
+                                           r".*connection refused.*knows neither"):
         agent(cfg, dp)
+    assert 1.0 <= time.monotonic() - t0 < 4.0          # it waited its --registry-timeout, no more
     assert not dp.attached and not (tmp_path / "ctl.sock").exists()     # nothing left behind
 
 
