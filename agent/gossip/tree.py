@@ -110,6 +110,13 @@ def groups(members: tuple[str, ...], fan_in: int = FAN_IN) -> dict[str, tuple[st
     return {node: tuple(sorted(group)) for group in out.values() for node in group}
 
 
+@functools.lru_cache(maxsize=8)
+def _distinct(members: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """Every group once: a summer sends its PARTIAL to each group, every interval, and a scan
+    of every member's group per summer and interval costs as much as the rest of the tree."""
+    return tuple({group[0]: group for group in groups(members).values()}.values())
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _key(node: str) -> int:
     """A node id's 64-bit key, the same in every process (str's hash() is salted)."""
@@ -139,6 +146,7 @@ class SumTree:
         self._read: tuple[float, Remote | None] = (math.nan, None)
         self._members: tuple[str, ...] = ()
         self._groups: dict[str, tuple[str, ...]] = {}      # member -> its group
+        self._mine: frozenset[str] = frozenset()           # our group, for the leaves' test
         self._told: tuple[str, ...] = ()     # whom our last PARTIAL went to
 
     def subscribe(self, dispatch: Dispatch) -> None:
@@ -197,9 +205,9 @@ class SumTree:
         ``usable``: whether a peer can be sent to (its address is known)."""
         if members is not self._members and members != self._members:    # the groups change, few members move
             self._members, self._groups = members, groups(tuple(members))
-        mine = self._groups.get(self.node_id, ())
+            self._mine = frozenset(self._groups.get(self.node_id, ()))
         was = self._summer
-        summer = self._choose(mine, now, usable)
+        summer = self._choose(self._groups.get(self.node_id, ()), now, usable)
         out: list[tuple[str, Sums]] = []
         if was not in (None, summer, self.node_id) and usable(was):
             out.append((was, Sums(SumKind.LEAF, 0)))         # take our value back from the old one
@@ -208,7 +216,7 @@ class SumTree:
             out.append((summer, Sums(SumKind.LEAF, 1, tuple(own.items()))))
             own = {}
         since = now - FRESH * self.interval_s
-        group = set(mine)      # a leaf outside our group (it moved) is its new summer's
+        group = self._mine     # a leaf outside our group (it moved) is its new summer's
         self._leaves = {node: h for node, h in self._leaves.items() if h.at >= since and node in group}
         self._partials = {node: h for node, h in self._partials.items()     # a member's: one gone sums nothing
                           if h.at >= since and node in self._groups}
@@ -229,13 +237,12 @@ class SumTree:
         partial = _add(leaves.values(), own)
         nodes = len(leaves) + mine
         others = self._partials
-        firsts = {group[0]: group for group in self._groups.values()}.values()     # each group once
-        to = {*filter(None, (self._first_usable(g, usable) for g in firsts)), *others}
+        to = {*filter(None, (self._first_usable(g, usable) for g in _distinct(self._members))), *others}
         for heard in others.values():
             to.update(heard.summers)
         self._told = tuple(sorted(node for node in to if node != self.node_id and usable(node)))
-        summers = (self.node_id, *sorted(others))
-        out = [(node, Sums(SumKind.PARTIAL, nodes, tuple(partial.items()), summers)) for node in self._told]
+        sent = Sums(SumKind.PARTIAL, nodes, tuple(partial.items()), (self.node_id, *sorted(others)))
+        out = [(node, sent) for node in self._told]
         total = _add([heard.current(since) for heard in others.values()], partial)
         nodes += sum(heard.nodes for heard in others.values())
         out += [(leaf, Sums(SumKind.TOTAL, nodes - 1, _less(total, values))) for leaf, values in leaves.items()]
@@ -247,7 +254,8 @@ class SumTree:
         """Our summer this interval: a new one when the current sent no TOTAL for SWITCH intervals."""
         if self._summer not in (None, self.node_id) and now - self._asked > SWITCH * self.interval_s:
             self._passed[self._summer] = now + self.timeout_s
-        self._passed = {node: until for node, until in self._passed.items() if until > now}
+        if self._passed:
+            self._passed = {node: until for node, until in self._passed.items() if until > now}
         summer = self._first_usable(group, usable) or self.node_id
         if summer != self._summer:      # the old one's TOTAL still counts while fresh
             self._summer, self._asked = summer, now
