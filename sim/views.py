@@ -11,9 +11,9 @@ kept incrementally (O(messages) per tick, not O(N^2)), so an allocator that
 only reads the sums costs O(1) per node; ``view.peers`` is a lazy Mapping that
 builds a PeerState only for the entries the allocator looks at.
 
-Stale policy as agent.membership applies it ([Raghavan07] §5.6):
-a peer heard ``stale_ticks`` or more ticks ago is not alive and its value
-counts zero; any accepted datagram (``touch``) is a sign of life.
+The stale rule is agent.membership's own (``alive``, ``reported``, [Raghavan07] §5.6), on
+ticks: a peer heard ``stale_ticks`` or more ticks ago is not alive and its value counts
+zero; any accepted datagram (``touch``) is a sign of life.
 An update older than the newest one seen from the same sender (reordered by
 the network's jitter) does not overwrite it, but shows the sender alive.
 tests/unit/gossip/test_stale_rule.py holds this table to agent.membership.  Loss *detection* is
@@ -33,11 +33,13 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from drl.agent.gossip import membership
+from drl.agent.gossip.membership import NEVER
 from drl.agent.model import PeerState, PeerView
 
 from .network import Updates
 
-NEVER = -1
+NO_SEQ = -1        # the newest sequence number of a sender not heard in its current life
 
 
 class ViewTable:
@@ -47,10 +49,12 @@ class ViewTable:
         self.node_ids = tuple(node_ids)
         self.index = {nid: i for i, nid in enumerate(self.node_ids)}
         self.interval_s, self.stale_ticks = interval_s, stale_ticks
-        # float32/int32: at N = 10,000 the three tables take 1.2 GB instead of 2.4 GB.
+        self.timeout_ticks = stale_ticks - 1       # the stale rule's timeout: alive while silent for so many
+        # float32/int32: at N = 10,000 the three tables take 1.2 GB instead of 2.4 GB.  Ticks are
+        # exact in a float32 up to 2^24, and a float holds NEVER (-inf), which the rule needs.
         self.values = np.zeros((n, n), dtype=np.float32)
-        self.heard = np.full((n, n), NEVER, dtype=np.int32)
-        self.last_seq = np.full((n, n), NEVER, dtype=np.int32)
+        self.heard = np.full((n, n), NEVER, dtype=np.float32)
+        self.last_seq = np.full((n, n), NO_SEQ, dtype=np.int32)
         self.remote_sum = np.zeros(n)
         self.n_alive = np.zeros(n, dtype=np.int64)
         self.member = np.ones(n, dtype=bool) if members is None else np.asarray(members, dtype=bool).copy()
@@ -78,7 +82,7 @@ class ViewTable:
         dst, src = key // len(self.node_ids), key % len(self.node_ids)
         again = self.heard[dst, src] == tick         # heard this tick already: one expiry per hearing
         dst, src = dst[~again], src[~again]
-        value = np.where(self.last_seq[dst, src] == NEVER, 0.0, self.values[dst, src])
+        value = np.where(self.last_seq[dst, src] == NO_SEQ, 0.0, self.values[dst, src])
         self._heard(dst, src, value, tick)
 
     def _heard(self, dst: np.ndarray, src: np.ndarray, value: np.ndarray, tick: int) -> None:
@@ -87,7 +91,7 @@ class ViewTable:
         # Sum what the table stores (float32), so an expiry subtracts exactly what was added.
         value = np.asarray(value, dtype=np.float32).astype(float)
         was_alive = self._alive(dst, src, tick)
-        delta = value - np.where(was_alive, self.values[dst, src], 0.0)
+        delta = value - membership.reported(self.values[dst, src], was_alive)
         self.remote_sum += np.bincount(dst, weights=delta, minlength=n)
         self.n_alive += np.bincount(dst[~was_alive], minlength=n)
         self.values[dst, src] = value
@@ -110,16 +114,16 @@ class ViewTable:
         self.heard[i, :] = NEVER          # its pending expiries no longer match
         self.remote_sum[i] = 0.0
         self.n_alive[i] = 0
-        self.last_seq[:, i] = NEVER
+        self.last_seq[:, i] = NO_SEQ
         self.life[i] += 1
 
     def leave(self, j: int, tick: int) -> None:
         """j left the members: every node forgets it at once."""
         rows = np.arange(len(self.node_ids))
         alive = self._alive(rows, np.full_like(rows, j), tick) & (rows != j)
-        self.remote_sum -= np.where(alive, self.values[:, j], 0.0)
+        self.remote_sum -= membership.reported(self.values[:, j], alive)
         self.n_alive -= alive
-        self.heard[:, j] = self.last_seq[:, j] = NEVER
+        self.heard[:, j], self.last_seq[:, j] = NEVER, NO_SEQ
         self.values[:, j] = 0.0
         self.member[j] = False
         self._members = self._member_ids()
@@ -133,8 +137,7 @@ class ViewTable:
         return tuple(nid for nid, m in zip(self.node_ids, self.member) if m)
 
     def _alive(self, dst: np.ndarray, src: np.ndarray, tick: int) -> np.ndarray:
-        heard = self.heard[dst, src]
-        return (heard != NEVER) & (tick - heard < self.stale_ticks)
+        return membership.alive(self.heard[dst, src], tick, self.timeout_ticks)
 
     def view(self, i: int, tick: int, neighbours: Sequence[int] | None = None) -> PeerView:
         return PeerView(members=self._members,
@@ -165,11 +168,10 @@ class LazyPeers(Mapping[str, PeerState]):
         if j is None:
             raise KeyError(node_id)
         t, row = self._t, self._row
-        heard = int(t.heard[row, j])
-        age = float("inf") if heard == NEVER else (self._tick - heard) * t.interval_s
-        alive = heard != NEVER and self._tick - heard < t.stale_ticks
-        # agent.membership: a stale peer's value is reported as 0
-        return PeerState(node_id, float(t.values[row, j]) if alive else 0.0, alive, age, int(t.life[j]))
+        heard = float(t.heard[row, j])
+        alive = membership.alive(heard, self._tick, t.timeout_ticks)
+        return PeerState(node_id, membership.reported(float(t.values[row, j]), alive), alive,
+                         (self._tick - heard) * t.interval_s, int(t.life[j]))
 
     def get(self, node_id: str, default=None):
         # Mapping.get via a raised KeyError costs ~1 us; allocators probe every member.

@@ -41,6 +41,21 @@ from drl.agent.gossip.wire import Batch
 
 
 _NOTHING = (0, 0.0, None)      # (seq, value, local_Bps) of a class a peer has not published
+NEVER = -math.inf              # when a peer never heard was last heard
+
+
+def alive(heard, now, timeout):
+    """The stale rule, written once for the agent and for sim/views.py's 10,000 simulated
+    views: a peer last heard at ``heard`` (NEVER: not yet) is alive at ``now`` while silent
+    for at most ``timeout``.  Plain operators, so numpy arrays work as scalars do (elementwise)
+    without the agent importing numpy; ``heard`` a float array where NEVER must be held."""
+    return now - heard <= timeout
+
+
+def reported(value, is_alive):
+    """What a peer's value counts for under the stale rule: itself while the peer is alive,
+    0 once it is stale ([Raghavan07] §5.6); scalars or numpy arrays, as ``alive``."""
+    return value * is_alive
 
 
 def _checked(timeout_s: float) -> float:
@@ -61,7 +76,7 @@ class _Slot:
     addr: Addr
     node_id: str = ""
     incarnation: int = 0
-    last_seen: float = -math.inf
+    last_seen: float = NEVER
     lost: int = 0
     values: dict[int, tuple[int, float, float]] = field(default_factory=dict)   # class -> (seq, value, local)
     heard_us_s: float = math.inf    # how long before its last datagram it had last heard us (its echo)
@@ -80,7 +95,7 @@ class _Peers(Mapping[str, PeerState]):
 
     def __getitem__(self, name: str) -> PeerState:
         _, values, alive, age, incarnation = self._rows[name]
-        return PeerState(name, values.get(self._class, _NOTHING)[1] if alive else 0.0, alive, age, incarnation)
+        return PeerState(name, reported(values.get(self._class, _NOTHING)[1], alive), alive, age, incarnation)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._rows)
@@ -191,7 +206,7 @@ class Membership:
         return slot
 
     def _alive(self, slot: _Slot, now: float) -> bool:
-        return now - slot.last_seen <= self.timeout_s
+        return alive(slot.last_seen, now, self.timeout_s)
 
     def view(self, class_id: int, now: float, safe_Bps: float | None = None) -> PeerView:
         """The allocator's view of ``class_id``: stale peers count 0 and are not in n_alive.
@@ -232,7 +247,7 @@ class Membership:
         fail-safe starts within failsafe_s +- slack_s of that.  A peer never heard, or that
         never told us this class's limit, is counted at the safe rate.  ``safe_Bps``: the
         largest the peer can have had since it was last heard (view, _safe_since)."""
-        if local_Bps is None or last_seen == -math.inf:
+        if local_Bps is None or last_seen == NEVER:
             return safe_Bps
         if now - last_seen < self.failsafe_s + self.slack_s:
             # at least the safe rate: it may be alive and not heard (one-way loss), holding
@@ -269,7 +284,7 @@ class Membership:
         hears_us: alive and its last datagram said it had heard us within the liveness timeout."""
         return [{"node_id": slot.name(), "address": format_addr(slot.addr),
                  "state": "alive" if self._alive(slot, now) else "lost" if addr in self._lost else "stale",
-                 "last_seen_s": None if slot.last_seen == -math.inf else now - slot.last_seen,
+                 "last_seen_s": None if slot.last_seen == NEVER else now - slot.last_seen,
                  "incarnation": slot.incarnation, "lost": slot.lost,
                  "hears_us": self._alive(slot, now) and slot.heard_us_s <= self.timeout_s}
                 for addr, slot in self._slots.items()]

@@ -1,10 +1,14 @@
-"""The stale-peer rule is written twice, for one agent (agent/gossip/membership.py) and for
-10,000 simulated ones (sim/views.py): fed the same datagrams, both must show node
-``a`` the same PeerView at every tick."""
+"""The stale-peer rule is written once (agent/gossip/membership.py ``alive`` and ``reported``)
+and kept by two tables, one agent's (agent/gossip/membership.py) and 10,000 simulated ones'
+(sim/views.py): fed the same datagrams, both must show node ``a`` the same PeerView at every
+tick, and both must get their answers from the one rule."""
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
+from drl.agent.gossip import membership
 from drl.agent.gossip.core import Received
 from drl.agent.gossip.membership import Membership, liveness_timeout
 from drl.agent.gossip.wire import Batch, ClassValue, Header
@@ -83,6 +87,24 @@ def test_membership_and_sim_views_agree_at_every_tick():
         both.tick(t, SCRIPT.get(t, []))
         agent, sim = both.views(t)
         assert summary(sim) == summary(agent), f"tick {t}"
+
+
+def test_both_sides_ask_the_one_rule(monkeypatch):
+    """A side that wrote the rule out again would agree today and drift tomorrow: every table
+    must call membership.alive and membership.reported itself."""
+    callers: dict[str, set[str]] = {"alive": set(), "reported": set()}
+    for name, rule in [(name, getattr(membership, name)) for name in callers]:
+        def spy(*args, _name=name, _rule=rule):
+            callers[_name].add(sys._getframe(1).f_globals["__name__"])
+            return _rule(*args)
+        monkeypatch.setattr(membership, name, spy)
+    both = Both()
+    for t in range(TICKS):
+        both.tick(t, SCRIPT.get(t, []))
+        agent, sim = both.views(t)
+        assert summary(sim) == summary(agent), f"tick {t}"
+    sides = {"drl.agent.gossip.membership", "drl.sim.views"}
+    assert callers == {"alive": sides, "reported": sides}
 
 
 def test_the_script_exercises_every_case():
