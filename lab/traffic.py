@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -166,6 +167,21 @@ class Client:
                            stream_bytes=tuple(s["receiver"]["bytes"] for s in end["streams"]),
                            retransmits=end["sum_sent"].get("retransmits", 0),
                            sender_cpu_pct=end.get("cpu_utilization_percent", {}).get("host_total", 0.0))
+
+    def stop(self, timeout: float = 10) -> None:
+        """End a client whose traffic the caller no longer needs (SIGINT, as iperf3's Ctrl-C),
+        instead of waiting out its -t; fails as wait() does if iperf3 had failed before.  One
+        that already ended by itself is wait()ed for."""
+        if self.proc.poll() is not None:
+            self.wait(timeout)
+            return
+        self.proc.send_signal(signal.SIGINT)
+        out, err = self.proc.communicate(timeout=timeout)
+        error = json.loads(out or "{}").get("error")
+        if error is None and self.proc.returncode == 0:
+            return                          # it ended by itself just before the signal
+        if not (error or "").startswith("interrupt"):
+            raise LabError(f"iperf3 failed: {error or err.strip()}")
 
 
 def iperf3_server(host: Host, port: int | None = None) -> Server:

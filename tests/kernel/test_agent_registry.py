@@ -203,8 +203,8 @@ def test_gdrl_class_from_etcd_rejoins_under_its_id_and_the_sum_stays_at_the_limi
     # applied between two reads can count twice (test_allocators.py allows the same 3 %)
     assert max(sums) <= LIMIT * 1.03, max(sums)
     print(f"measured: sum of capacities {min(sums) / 1e6:.2f}-{max(sums) / 1e6:.2f} Mbit/s over {len(sums)} samples")
-    for c in clients:
-        c.wait()
+    for c in clients:            # loaded through every phase above (each ends on its condition)
+        c.stop()
 
 
 # FPS evaluates line 10 on the weights each agent has heard (fps.py), which sum to 1 only when
