@@ -151,6 +151,8 @@ def render(st: dict) -> str:
                  f"rejected {g['rejected']}  control {format_rate(g['control_bps'] / 8)}")
     peers = st.get("peers", [])
     lines.append(f"peers       {len(peers)}" + ("" if peers else " (running alone: no gossip)"))
+    if unseen := st.get("unseen_peers"):
+        lines.append(f"warning     capacity reserved for {len(unseen)} unseen peers (never heard): {', '.join(unseen)}")
     for p in peers:
         seen = "never" if p["last_seen_s"] is None else f"{p['last_seen_s']:.1f} s ago"
         lines.append(f"  {p['node_id'] or '?':<16} {p['address']:<24} {p['state']:<6} last seen {seen}")

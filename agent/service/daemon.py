@@ -57,6 +57,7 @@ from drl.agent.service.status import agent_status, listen
 from drl.agent.service.tick import tick
 from drl.agent.service.tick_errors import TickErrors
 from drl.agent.service.unmatched import Unmatched
+from drl.agent.service.unseen import UnseenPeers
 from drl.agent.units import to_bps
 
 # What other code imports from here; CLUSTER is gossip.core's, the cluster id the agent gossips under.
@@ -123,6 +124,7 @@ class Agent:
         self.errors = TickErrors()
         self.drops = Drops()
         self.unmatched = Unmatched(self.cfg.iface)
+        self.unseen = UnseenPeers(self.started, self.members.timeout_s)
 
     @property
     def registry(self):

@@ -212,6 +212,8 @@ def agent_metrics(snap: Published) -> Iterator[Metric]:
                             value=1 if st["datapath"]["state"] == "attached" else 0)
     yield CounterMetricFamily("drl_datapath_reattached", "Times the filter was found removed and attached again",
                               value=st["datapath"]["reattached"])
+    yield GaugeMetricFamily("drl_peers_unseen", "Members never heard since this agent started (after the "
+                            "liveness timeout): each keeps a share of every class", value=len(st.get("unseen_peers", ())))
     yield GaugeMetricFamily("drl_datapath_filters_ahead", "Priorities of other egress filters that run before "
                             "drl's: what they classify is not limited", value=len(st["datapath"].get("ahead", ())))
     yield CounterMetricFamily("drl_datapath_iface_recreated", "Times the interface was found deleted and made "

@@ -36,6 +36,7 @@ def agent_status(agent: "Agent", now: float) -> dict:
            "standalone": cfg.standalone, "authenticated": cfg.key is not None,
            "gossip": {**agent.transport.stats.as_dict(now), "client_entries_ignored": agent.clients.ignored},
            "peers": agent.members.status(now),
+           "unseen_peers": agent.unseen.peers,
            "sum_tree": agent.tree.status(now) if agent.tree_on else None,
            "datapath": dict(agent.dp.attachment), "tick": {**agent.tick_stats.as_dict(), "errors": agent.errors.total,
                                                               "errors_by": agent.errors.rows()},

@@ -51,6 +51,8 @@ def tick(agent: "Agent", now: float) -> None:
                 _fall_back(agent, run)
     agent.dp.heartbeat()     # every config stays fresh, the ones not written again too
     agent.unmatched.observe(now, runs, counters, agent.dp.read_bypass(), gossip_wire_bytes(agent.transport.stats))
+    if agent.unseen.due(now):
+        agent.unseen.observe(now, agent.members.status(now))
     agent.transport.publish(out, now)
     try:
         _sum_round(agent, out, now)

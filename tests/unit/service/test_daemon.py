@@ -37,7 +37,7 @@ STATUS_KEYS = {
     "global_limit_bps", "effective_limit_bps", "local_limit_bps", "safe_rate_bps", "burst_budget_bytes", "mode",
     "drop_probability", "demand_bps", "rate_bps", "flows", "max_flow_bps", "passed_bytes",
     "passed_packets", "dropped_bytes", "dropped_packets", "quota_bytes_left", "allocator_state",
-    "gossip", "peers",
+    "gossip", "peers", "unseen_peers",
     # the sum tree's state (null when the agent does not run it)
     "sum_tree",
     # since classes: the default (or first) class's version and lost values, the lone-agent flag, every class
