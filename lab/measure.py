@@ -46,7 +46,7 @@ def tcp_rate_at_sink(sender: Host, sink: Host, *, seconds: float, streams: int, 
         client = iperf3_start(sender, srv, seconds=seconds, streams=streams)
         time.sleep(settle_s)
         rate = sink_rate_bps(sink, measure_s)
-        client.wait()
+        client.stop()                   # what it sends after the measurement counts nowhere
     return rate
 
 
@@ -96,23 +96,23 @@ def tc_show(host: Host, what: str) -> str:
 class SplitRun:
     """One run of FPS's 3:7 setting (three_to_seven)."""
     share: float                 # the 3-flow limiter's mean limit over the sum of both means
-    sink_bps: float              # L2 bits/s at the sink over the measured 30 s
+    sink_bps: float              # L2 bits/s at the sink over the measured measure_s
     stream_bytes: tuple          # every flow's bytes (3 then 7), for Jain's index
     statuses: list               # both agents' status at the end
 
 
-def three_to_seven(lab: Lab, a1: Agent, a2: Agent, sink: Host, poll_s: float) -> SplitRun:
-    """[Raghavan07] §5.1: 3 cubic flows leave a1's host, 7 leave a2's, for 38 s towards
-    ``sink``; after 6 s of warm-up the local limits are read every ``poll_s``
-    for 30 s (the kernel test and bench/split.py)."""
+def three_to_seven(lab: Lab, a1: Agent, a2: Agent, sink: Host, poll_s: float, measure_s: int = 30) -> SplitRun:
+    """[Raghavan07] §5.1: 3 cubic flows leave a1's host, 7 leave a2's, for measure_s + 8 s
+    (38 s) towards ``sink``; after 6 s of warm-up the local limits are read every ``poll_s``
+    for ``measure_s`` (the kernel test and bench/split.py)."""
     limits = []
     with iperf3_server(sink) as s1, iperf3_server(sink) as s2:
-        c1 = iperf3_start(lab.host(a1.host), s1, seconds=38, streams=3)
-        c2 = iperf3_start(lab.host(a2.host), s2, seconds=38, streams=7)
+        c1 = iperf3_start(lab.host(a1.host), s1, seconds=measure_s + 8, streams=3)
+        c2 = iperf3_start(lab.host(a2.host), s2, seconds=measure_s + 8, streams=7)
         time.sleep(6)
         before = rx_bytes(sink)
         started = time.monotonic()
-        while time.monotonic() - started < 30:
+        while time.monotonic() - started < measure_s:
             limits.append([a.status()["local_limit_bps"] for a in (a1, a2)])
             time.sleep(poll_s)
         rate = (rx_bytes(sink) - before) * 8 / (time.monotonic() - started)

@@ -44,7 +44,8 @@ def test_fps_pair_shares_the_limit_3_to_7_and_every_flow_fairly(net3, agents):
     # policed as the paper's limiters: shaped, a class's cubic flows share one FIFO less evenly
     # than a policer's losses make them (docs/config.md "Shaping mode": Jain 0.86-0.87 on veths)
     a1, a2 = pair(agents, net3, "fps", "10mbit", "--interval", "50ms", "--enforce", "police")
-    run = three_to_seven(net3, a1, a2, net3.hosts[2], poll_s=1.0)
+    # 15 reads of the limits (bench/split.py reads 120 over 30 s): a mean share, not a series
+    run = three_to_seven(net3, a1, a2, net3.hosts[2], poll_s=1.0, measure_s=15)
     assert within(run.sink_bps, 10e6, 0.05), run.sink_bps
     # The issue asks 3:7 +-10 % (0.27-0.33) and Jain >= 0.9.  Measured over 19 runs:
     # split 0.286-0.326 (mean 0.311: the max of 7 flows' rates overstates a little more
@@ -73,7 +74,7 @@ def test_grd_pair_holds_the_global_limit_for_open_loop_traffic(net3, agents):
         time.sleep(4)
         rate = sink_rate_bps(h3, 10)
         st = a2.status()
-        c1.wait(), c2.wait()
+        c1.stop(), c2.stop()            # both sent through the measurement
     assert within(rate, 10e6, 0.10), rate
     assert st["mode"] == "drop" and 0.35 <= st["drop_probability"] <= 0.65, st
 

@@ -44,6 +44,8 @@ def test_a_dport_class_for_a_servers_replies_gets_a_sport_hint_and_loses_it_when
     assert st["passed_bytes"] == st["dropped_bytes"] == 0, st
     logged = [line for line in a.log.read_text().splitlines() if "event=class_matches_nothing" in line]
     assert len(logged) == 1 and "class=default" in logged[0], logged
+    assert replies.poll() is None       # the replies were still flowing when the hint came
+    replies.terminate()                 # the 10 s they had left would show nothing more
     replies.wait()
     h1.run("python3", "-c", _SEND, h3.addr4, "40001", "8080", "125000", "0.5")    # what dport=8080 is for
     time.sleep(0.5)

@@ -68,7 +68,7 @@ def test_shadow_counts_would_be_drops_and_drops_nothing_until_reloaded_off(net, 
         time.sleep(3)
         enforced = window(agent, h2, 8)
         after = agent.status()["classes"][0]
-        client.wait()
+        client.stop()                   # it ran through both windows
     agent.kill(15)
 
     # in shadow everything passes at the offered rate, and the kernel counted what it would have dropped
