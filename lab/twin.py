@@ -28,7 +28,6 @@ from .errors import LabError
 from .registry import resolve
 from .vagrant import PrivateLibvirt, boot, build_box, dumps, export, vagrant_missing
 
-TWIN_DIR = Path("/var/lib/drl-lab/twin")
 STATE = "twin.json"
 
 
@@ -111,20 +110,24 @@ def ssh(twin_dir: Path, host: str, command: list[str]) -> int:
 
 def down(twin_dir: Path) -> dict | None:
     """Destroy the twin in ``twin_dir``; its state, or None if none was up."""
-    if state(twin_dir) is None:
-        return None
-    st = _need(twin_dir)
-    _remove(twin_dir, _libvirt(twin_dir))
+    st = state(twin_dir)
+    if st is not None:
+        _require_root()
+        _remove(twin_dir, _libvirt(twin_dir))
     return st
 
 
 def _need(twin_dir: Path) -> dict:
-    if os.geteuid() != 0:
-        raise LabError("the twin needs root (its VMs live in a network namespace): run it with sudo")
+    _require_root()
     st = state(twin_dir)
     if st is None:
         raise LabError(f"no twin is up in {twin_dir}: drl-lab up NAME --on vagrant first")
     return st
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the twin needs root (its VMs live in a network namespace): run it with sudo")
 
 
 def _clear(twin_dir: Path, progress) -> None:

@@ -221,8 +221,8 @@ def build_install(dest: Path) -> Path:
 
 class VagrantCluster:
     """The Vagrantfile's VMs for one topology file, on a PrivateLibvirt, with the box of
-    scripts/build-box.sh and drl from ``install`` (:func:`build_install`); Vagrant's state (its home with the box, .vagrant, the cluster
-    key, the ssh config) stays in ``work``.  ``run(host, cmd)`` runs a shell command on a
+    scripts/build-box.sh and drl from ``install`` (:func:`build_install`); Vagrant's state
+    (its home with the box, .vagrant, the cluster key, the ssh config) stays in ``work``.  ``run(host, cmd)`` runs a shell command on a
     VM over ssh with Vagrant's key (one ssh, not one ``vagrant ssh``: each vagrant command
     costs seconds of Ruby start-up)."""
 
