@@ -110,7 +110,8 @@ def test_ensure_attached_is_cheap_and_puts_back_a_removed_filter(net, datapath):
     assert f" id {prog_id} " in tc_show(h1, "filter") and dp.attachment["reattached"] == 1
     h1.run("tc", "qdisc", "del", "dev", "eth0", "clsact")
     assert dp.ensure_attached() is True and "clsact" in tc_show(h1, "qdisc")
-    assert dp.attachment == {"state": "attached", "reattached": 2, "error": None, "ifindex": ifindex(h1), "recreated": 0}
+    assert dp.attachment == {"state": "attached", "reattached": 2, "error": None, "ifindex": ifindex(h1), "recreated": 0,
+                             "ahead": []}
     assert dp.ensure_attached() is False
 
 
@@ -202,7 +203,7 @@ def test_a_second_agent_on_the_interface_is_refused_and_the_first_keeps_limiting
     assert tc_show(h1, "filter") == filters                   # the very same program, untouched
     st = a1.status()
     assert st["datapath"] == {"state": "attached", "reattached": 0, "error": None, "ifindex": ifindex(h1),
-                              "recreated": 0}, st["datapath"]
+                              "recreated": 0, "ahead": []}, st["datapath"]
     sender = blast(h1, h3.addr4, 9, 20e6, 5)
     time.sleep(1.5)
     rate = sink_rate_bps(h3, 3)
