@@ -94,6 +94,9 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
             exp = exp.scaled(duration)
         if on == "vagrant":   # one run per allocator: each boots its VMs
             runs = repeat or exp.repeat
+            if exp.matrix:
+                raise click.UsageError(f"{exp.name} is a [matrix] of cells, each its own set of hosts: "
+                                       "run it with --on netns")
             if runs > 1:
                 raise click.UsageError(f"--on vagrant runs each allocator once (each run boots its VMs), "
                                        f"not {runs} times: pass --repeat 1 and run it again")
@@ -102,7 +105,7 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
         else:
             summary = run_experiment(exp, out or Path("results") / exp.name, list(allocators) or None, repeat,
                                      _progress)
-        click.echo(render(summary))
+        click.echo(render_matrix(summary) if "matrix" in summary else render(summary))
         if any(r.get("faults") for r in summary["runs"]):
             click.echo("\n" + render_faults(summary))
         click.echo(f"\nwrote {out or Path('results') / exp.name}/result.json and plots")
@@ -227,9 +230,10 @@ def demo(duration: float, out: Path) -> None:
 
 
 def failed_checks(summary: dict) -> list[str]:
-    """Every failed check of every run, as ``fps-1: kill l3 max_window_ratio 1.21 > 1.05``."""
+    """Every failed check of every run, as ``fps-1: kill l3 max_window_ratio 1.21 > 1.05`` (a
+    lower bound, ``op`` "<", as ``min_jain 0.83 < 0.9``)."""
     return [f"{r['allocator']}-{r['repeat']}: {c['fault']} {c['check']} "
-            f"{'never' if c['value'] is None else c['value']} > {c['bound']:g}"
+            f"{'never' if c['value'] is None else c['value']} {c.get('op', '>')} {c['bound']:g}"
             for r in summary["runs"] for c in r.get("checks", []) if c["result"] == "fail"]
 
 
@@ -254,6 +258,17 @@ def render_faults(summary: dict) -> str:
 def _envelope(e: dict | None) -> str:
     """The worst window's bytes over G x T + D, and its length: ``0.412 (1.0 s)``."""
     return "-" if not e or e["ratio"] is None else f"{e['ratio']:.3f} ({e['window_s']:g} s)"
+
+
+def render_matrix(summary: dict) -> str:
+    """A fairness matrix (lab/matrix.py): one line a cell and allocator."""
+    lines = [f"{'cell':<22} {'allocator':<9} {'shares (ideal)':<34} {'error':>6} {'Jain':>6} {'to share':>8}"]
+    for r in summary["matrix"]:
+        shares = " ".join(f"{s:.2f}({i:.2f})" for s, i in zip(r["shares"], r["ideal"]))
+        jain = "-" if r["jain_index"] is None else f"{r['jain_index']:.3f}"
+        when = "never" if r["time_to_share_s"] is None else f"{r['time_to_share_s']:.1f} s"
+        lines.append(f"{r['cell']:<22} {r['allocator']:<9} {shares:<34} {r['max_share_error']:>6.3f} {jain:>6} {when:>8}")
+    return "\n".join(lines)
 
 
 def render(summary: dict) -> str:

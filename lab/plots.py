@@ -141,3 +141,21 @@ def qq(runs: list[dict], path: Path) -> Path | None:
     ax.set_ylabel("Jain's index, allocator (quantiles)")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def matrix(rows: list[dict], path: Path) -> Path:
+    """A fairness matrix (lab/matrix.py): per cell and allocator, Jain's index over the flows
+    and the largest share error, side by side."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, 0.6 * len(rows) + 2), 5.5), sharex=True)
+    x = np.arange(len(rows))
+    top.bar(x, [r["jain_index"] or 0.0 for r in rows], color="C0")
+    top.set_ylim(0.5, 1.0)
+    top.set_ylabel("Jain over flows")
+    bottom.bar(x, [r["max_share_error"] for r in rows], color="C3")
+    bottom.set_ylabel("max |share - ideal|")
+    bottom.set_xticks(x, [f"{r['allocator']} {r['cell']}" for r in rows], rotation=60, ha="right", fontsize=7)
+    for ax, key in ((top, "min_jain"), (bottom, "max_share_error")):
+        bounds = {c["bound"] for r in rows for c in r["checks"] if c["check"] == key}
+        for b in bounds:
+            ax.axhline(b, ls="--", color="grey", lw=0.8)
+    return _save(fig, path)

@@ -24,8 +24,10 @@ from drl.agent.units import UnitError, parse_duration, parse_rate, parse_size
 
 from .errors import LabError
 from .spec import (AGENT_ACTIONS, CHECKS, DIRECTIONS, FAULT_ACTIONS, FAULT_HORIZON_S, KINDS, LOSS_ON, REPLAY_COUNT,
-                   ROLES, RUN_CHECKS, Experiment, Fault, Link, LinkEvent, Traffic)
+                   ROLES, RUN_CHECKS, Experiment, Fault, Link, LinkEvent, Matrix, Traffic)
 
+SPLIT = re.compile(r"[0-9]+(:[0-9]+)*")
+MAX_SPLIT_HOSTS, MAX_SPLIT_FLOWS = 8, 64
 HOST_NAME = re.compile(r"[a-z][a-z0-9]{0,5}")  # <= 6 chars: interface names are <= 15 (lab/topology.py)
 RESERVED = {"ctl"}  # the control-network namespace
 
@@ -91,12 +93,33 @@ def loads(text: str, path: str = "<string>") -> Experiment:
         congestion_control=_congestion_control(exp_t),
         faults=tuple(_fault(t, duration, checks) for t in top.array("fault")),
         checks={k: v for k, v in checks.items() if k in RUN_CHECKS},
+        matrix=_matrix(top.sub("matrix", required=False)),
         path=path,
     )
     exp_t.finish()
     top.finish()
     _check_graph(exp, src)
+    if exp.matrix and not exp.of_role("router"):
+        raise SpecError(f"{path}: [matrix] needs a host of role 'router': each cell's limiters link to it")
     return dataclasses.replace(exp, faults=_check_faults(exp, src))
+
+
+def _matrix(t: "_Table") -> Matrix | None:
+    """``[matrix]`` (lab/matrix.py): splits like "1:3:6", 1-8 limiters of 1-64 flows each."""
+    if not t.data:
+        return None
+    splits = []
+    for text in t.text_list("splits"):
+        split = tuple(int(n) for n in text.split(":")) if SPLIT.fullmatch(text) else ()
+        if not (1 <= len(split) <= MAX_SPLIT_HOSTS and all(1 <= n <= MAX_SPLIT_FLOWS for n in split)):
+            raise t.error("splits", f"{text!r}: expected flows per limiter like '1:3:6', "
+                                    f"1-{MAX_SPLIT_HOSTS} limiters of 1-{MAX_SPLIT_FLOWS} flows")
+        splits.append(split)
+    bounds = {k: t.number(k, lo=0, hi=1) for k in ("max_share_error", "min_jain") if k in t.data}
+    m = Matrix(tuple(splits), tuple(t.text_list("congestion_control")),
+               tuple(t.text_list("enforce", choices=("default", "shape", "police"))), **bounds)
+    t.finish()
+    return m
 
 
 def _rto_min(t: "_Table") -> float | None:
@@ -469,6 +492,14 @@ class _Table:
         value = self._get(key, _REQUIRED)
         if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
             raise self.error(key, f"expected a non-empty list of host names, got {value!r}")
+        return value
+
+    def text_list(self, key, choices=None) -> list[str]:
+        value = self._get(key, _REQUIRED)
+        if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+                and (not choices or set(value) <= set(choices))):
+            want = f" of {', '.join(choices)}" if choices else ""
+            raise self.error(key, f"expected a non-empty list{want}, got {value!r}")
         return value
 
     def allocator_list(self, key) -> list[str]:

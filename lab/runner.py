@@ -39,6 +39,9 @@ SERVER_WAIT_S = 5.0
 
 def run_experiment(exp: Experiment, out: Path, allocators: list[str] | None = None, repeat: int | None = None,
                    progress: Progress = print) -> dict:
+    if exp.matrix:     # one run of this function a cell (lab/matrix.py)
+        from .matrix import run_matrix
+        return run_matrix(exp, out, allocators, repeat, progress, run_experiment)
     allocators = allocators or list(exp.allocators)
     missing = [a for a in allocators if a not in available_allocators()]
     if missing:

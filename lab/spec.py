@@ -120,6 +120,17 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class Matrix:
+    """``[matrix]``: the experiment run once a cell, splits x congestion control x enforcement
+    (lab/matrix.py); the bounds are checked in every cell, None = not checked."""
+    splits: tuple[tuple[int, ...], ...]
+    congestion_control: tuple[str, ...]
+    enforce: tuple[str, ...]                 # "default" (the agent's choice), "shape" or "police"
+    max_share_error: float | None = None
+    min_jain: float | None = None
+
+
+@dataclass(frozen=True)
 class Experiment:
     name: str
     description: str
@@ -138,6 +149,7 @@ class Experiment:
     congestion_control: str | None = None       # the TCP groups' algorithm; None: the machine's
     faults: tuple[Fault, ...] = ()              # in time order (file order among equal times)
     checks: dict[str, float] = field(default_factory=dict)   # [checks] of RUN_CHECKS: over the whole run
+    matrix: Matrix | None = None                # [matrix]: run once a cell (lab/matrix.py)
     path: str = ""
 
     # -- the graph (hosts and links) -------------------------------------------------
