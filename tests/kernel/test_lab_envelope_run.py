@@ -1,5 +1,5 @@
 """`drl-lab run envelope` as shipped: three FPS limiters at the agent's default (shaped), cubic
-and BBR on each, busy, all stopped, 20 s idle, all started at once, a kill and restart, a
+and BBR on each, busy, all stopped, 10 s idle, all started at once, a kill and restart, a
 partition and its heal.  It exits 0 only when no window of >= 1 s carried more than G x T + D,
 D the class's burst budget (agent/burst.py), over the whole run and within every fault's horizon."""
 import json

@@ -20,7 +20,7 @@ from drl.lab.traffic import iperf3_server, iperf3_start
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 LIMIT_BPS = 30e6
-IDLE_S = 20      # buckets refill in under a second, FPS's weights reach exactly 0 in ~6 s (model.ZERO_BELOW)
+IDLE_S = 10      # buckets refill in under a second, FPS's weights reach exactly 0 in ~6 s (model.ZERO_BELOW)
 
 
 @pytest.mark.slow

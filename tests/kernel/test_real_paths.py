@@ -1,7 +1,7 @@
 """The paper's baseline on a real path, as shipped: 40 ms RTT (the lab's delay line on the
 link to the sink), the kernel's default RTO, with the senders' congestion control and the
 agents' enforcement as each test names them.  Each case is one run of FPS or GRD (about
-45 s).  docs/lab.md "Real paths" has the measurements these bounds come from."""
+30 s).  docs/lab.md "Real paths" has the measurements these bounds come from."""
 import dataclasses
 
 import pytest
@@ -16,7 +16,7 @@ REASON = skip_reason()
 if REASON:
     pytest.skip(REASON, allow_module_level=True)
 
-DURATION_S = 40.0
+DURATION_S = 25.0
 
 
 def tcp(src: str, flows: int, cc: str) -> Traffic:

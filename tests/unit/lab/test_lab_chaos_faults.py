@@ -238,7 +238,7 @@ def test_the_documented_chaos_example_is_valid():
     doc = (Path(__file__).resolve().parents[3] / "docs" / "lab.md").read_text()
     example = next(b for b in re.findall(r"```toml\n(.*?)```", doc, re.S) if 'action = "recreate"' in b)
     exp = loads(BASE.replace('duration = "30s"', 'duration = "90s"') + example, "docs/lab.md")
-    assert [f.label for f in exp.faults] == ["recreate l3", "loss 100% gossip in (l3)", "kill-loop l3 every 2s for 30s",
+    assert [f.label for f in exp.faults] == ["recreate l3", "loss 100% gossip in (l3)", "kill-loop l3 every 2s for 20s",
                                              "replay l3"]
 
 

@@ -140,6 +140,6 @@ def test_shipped_envelope_experiment():
     assert {t.congestion_control for t in exp.traffic} == {"cubic", "bbr"}
     assert {t.src for t in exp.traffic if t.stop_s == 20.0} == set(exp.limiters)    # all busy, all stop
     restart = {t.start_s for t in exp.traffic if t.start_s > 0}
-    assert restart == {40.0} and {t.src for t in exp.traffic if t.start_s == 40.0} == set(exp.limiters)
+    assert restart == {30.0} and {t.src for t in exp.traffic if t.start_s == 30.0} == set(exp.limiters)
     assert [f.action for f in exp.faults] == ["kill", "restart", "partition", "heal"]
     assert exp.checks == {"max_envelope_ratio": 1.0}
