@@ -9,30 +9,48 @@
 Order: a higher version wins; at equal versions the higher rate (two agents
 that changed one class at the same instant still agree, by a rule both know).
 What an operator does last wins, whichever way it was done: a live ``set`` is
-a new version, and so is a config file whose value for the class changed
-since this agent last read it (on reload or restart).  A file that still says
-what it said before does not undo a live ``set`` (docs/agent.md "Changing limits").
-The book is kept in ``--state-dir`` so a restarted agent starts from the
-newest version it knew, and gossip brings it the newer ones it missed.
+a new version, and so is a config file (or an etcd table) whose value for the
+class changed since this agent last read it (on reload, restart, or etcd's watch).
+A file that still says what it said before does not undo a live ``set``
+(docs/agent.md "Changing limits").  The book is kept in ``--state-dir`` so a
+restarted agent starts from the newest version it knew, and gossip brings it
+the newer ones it missed.
+
+Versions carry when they were set (a hybrid logical clock): a ``set`` or a
+changed value takes ``max(current + 1, now)``, now in milliseconds since the
+Unix epoch, so a version is the time of the change unless a newer one was
+already there.  A class's first value from the config file is version 0, and
+the small versions of older limits files (1, 2, 3...) read as changes made in
+1970: valid, and beaten by any new change.  A version further than
+MAX_AHEAD_MS (60 s) ahead of this agent's clock is never adopted from a peer
+(``merge``: the caller counts and logs it) and is dropped from the limits file
+at start (the class starts from its config value, version 0, and peers bring
+back the newest legitimate one).  So a forged far-future note (a key holder,
+docs/security.md "Limit versions") is never adopted, and a forged near-future
+one is overtaken by the operator's next change, which is one more than it; the
+top of the integer range, which a ``set`` could not follow, is out of reach.
+Agents' clocks must agree within that bound (NTP): an agent whose clock runs
+further ahead has its changes refused, and says so in the others' logs.
 
 Nothing enters the book unchecked (agent/units.py): a rate within
-MIN_RATE_Bps..MAX_RATE_Bps, a version below MAX_VERSION, so one more always
-fits the wire.  ``configure`` and ``set`` refuse with a :class:`LimitBookError`
-line, ``merge`` never adopts (the wire has already dropped and counted such a
-note), ``save`` never writes one, and a file holding one is refused at start
-with a hint.  A class at the top version refuses ``set``: only forged
-announcements get there (a key holder; wire.py refuses them on receipt), and
-the way out is to rotate the cluster key, then stop the agents and remove
-their limits files.
+MIN_RATE_Bps..MAX_RATE_Bps, a version below MAX_VERSION.  ``configure`` and
+``set`` refuse with a :class:`LimitBookError` line, ``merge`` never adopts,
+``save`` never writes one, and a file holding one is refused at start with a hint.
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from drl.agent import units
+from drl.agent import logs, units
+
+log = logs.get_logger("drl.agent")
+
+MAX_AHEAD_MS = 60_000       # how far ahead of our clock a version may be adopted: clock skew, and no more
 
 
 @dataclass(frozen=True, order=True)
@@ -65,10 +83,21 @@ def _checked(name: str, limit: Limit) -> Limit:
         raise LimitBookError(str(e)) from None
 
 
+def clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
 class LimitBook:
-    def __init__(self, path: Path | None = None):
-        self.path = path
+    def __init__(self, path: Path | None = None, clock: Callable[[], int] = clock_ms):
+        self.path, self.clock = path, clock
         self._entries: dict[str, _Entry] = self._load() if path else {}
+
+    def ahead_ms(self, version: int) -> int:
+        """How far ``version`` lies beyond what this agent may adopt (> 0: it may not)."""
+        return version - self.clock() - MAX_AHEAD_MS
+
+    def _next(self, entry: _Entry) -> int:
+        return max(entry.limit.version + 1, self.clock())
 
     def get(self, name: str) -> Limit:
         return self._entries[name].limit
@@ -79,27 +108,24 @@ class LimitBook:
         if entry is None:
             entry = self._entries[name] = _Entry(_checked(name, Limit(0, configured_Bps)), configured_Bps)
         elif entry.configured_Bps != configured_Bps:
-            entry.limit = _checked(name, Limit(entry.limit.version + 1, configured_Bps))
+            entry.limit = _checked(name, Limit(self._next(entry), configured_Bps))
             entry.configured_Bps = configured_Bps
         return entry.limit
 
     def set(self, name: str, global_Bps: float) -> Limit:
-        """A live change (drlctl set): the next version."""
+        """A live change (drlctl set): the next version, which beats every one held."""
         entry = self._entries[name]
-        if entry.limit.version + 1 >= units.MAX_VERSION:
-            raise LimitBookError(f"class {name!r}: its limit is at version {entry.limit.version}, the highest "
-                                 f"there is (only forged announcements get there): rotate the cluster key, "
-                                 f"then stop every agent and remove its limits file")
-        entry.limit = _checked(name, Limit(entry.limit.version + 1, global_Bps))
+        entry.limit = _checked(name, Limit(self._next(entry), global_Bps))
         return entry.limit
 
     def merge(self, name: str, limit: Limit) -> bool:
-        """A peer's limit for ``name``; True when it is newer than ours and now in force."""
+        """A peer's limit for ``name``; True when it is newer than ours and now in force.
+        One beyond :meth:`ahead_ms` is never adopted (the caller tells it apart to log it)."""
         entry = self._entries.get(name)
-        if entry is None or limit <= entry.limit:
+        if entry is None or limit <= entry.limit or self.ahead_ms(limit.version) > 0:
             return False
         try:
-            check_limit(Limit(limit.version + 1, limit.global_Bps))    # a set after it must still fit
+            check_limit(limit)
         except units.UnitError:
             return False            # never adopted; wire.py has dropped and counted such a note
         entry.limit = limit
@@ -141,4 +167,13 @@ class LimitBook:
             except units.UnitError as err:
                 raise LimitBookError(f"limits file {self.path}: {err}; fix or remove the file to start "
                                      f"(the classes then start from the config file's limits)") from None
-        return entries
+        return {name: e for name, e in entries.items() if not self._ahead_at_start(name, e.limit)}
+
+    def _ahead_at_start(self, name: str, limit: Limit) -> bool:
+        """A stored version beyond the clock bound: adopted before this check existed, or the
+        clock went back; dropped, so that a change can follow it again."""
+        ahead = self.ahead_ms(limit.version)
+        if ahead > 0:
+            log.warning("limit_ahead", class_=name, version=limit.version, ahead_s=round((ahead + MAX_AHEAD_MS) / 1000),
+                        from_="limits file")
+        return ahead > 0

@@ -408,20 +408,22 @@ def test_a_live_set_is_announced_to_every_peer_and_persisted(tmp_path):
     a, _ = file_agent(tmp_path, TWO, dp)
     with a:
         reply = a.set_limit({"class": "B", "global": "6mbit"})
-        assert reply == {"ok": True, "class": "B", "global_limit_bps": 6e6, "limit_version": 1, "peers": 1}
-        assert render_set(reply).endswith("(version 1); the other agents follow within a few intervals")
-        assert render_set({**reply, "peers": 0}) == "B: global 6 Mbit/s (version 1)"
+        v = reply["limit_version"]                  # the time of the set, in ms (cluster/limits.py)
+        assert abs(v - time.time() * 1000) < 5000, reply
+        assert reply == {"ok": True, "class": "B", "global_limit_bps": 6e6, "limit_version": v, "peers": 1}
+        assert render_set(reply).endswith(f"(version {v}); the other agents follow within a few intervals")
+        assert render_set({**reply, "peers": 0}) == f"B: global 6 Mbit/s (version {v})"
         a.tick(time.monotonic())
         assert dp.classes[1][1]["rate_Bps"] == 375_000                      # 6 Mbit/s over 2 nodes
         notes = [n for _, data in a.transport.sent for n in decode(data, None, CLUSTER).payload.limits]
-        assert LimitNote(class_key("B"), 1, 750_000.0) in notes
+        assert LimitNote(class_key("B"), v, 750_000.0) in notes
         assert not a.set_limit({"class": "Z", "global": "1mbit"})["ok"]
         unban = a.commands()["unban"]
         assert unban({"prefix": "10.0.0.9", "class": "Z"})["error"] == "no class 'Z' (see drlctl classes)"
         assert "unit" in a.set_limit({"class": "B", "global": "6"})["error"]
     again, _ = file_agent(tmp_path, TWO, FakeDatapath())
     with again:
-        assert again.book.get("B") == Limit(1, 750_000.0)                    # a restart keeps it
+        assert again.book.get("B") == Limit(v, 750_000.0)                    # a restart keeps it
 
 
 def test_newer_limits_from_peers_win_and_a_peer_behind_is_told(tmp_path):
@@ -433,13 +435,13 @@ def test_newer_limits_from_peers_win_and_a_peer_behind_is_told(tmp_path):
         a.transport.arrive(peer.publish({}, 0.0), B)
         a.receive()
         assert a.book.get("A") == Limit(3, 2e6)
-        a.set_limit({"class": "B", "global": "1mbit"})
+        v = a.set_limit({"class": "B", "global": "1mbit"})["limit_version"]
         a.transport.sent.clear()
         a.transport.arrive(peer.publish({class_key("B"): Outgoing(1.0, version=0)}, 1.0), B)
         a.receive()
         a.tick(time.monotonic())
         told = [n for _, data in a.transport.sent for n in decode(data, None, CLUSTER).payload.limits]
-        assert LimitNote(class_key("B"), 1, 125_000.0) in told
+        assert LimitNote(class_key("B"), v, 125_000.0) in told
 
 
 def test_a_lone_agent_has_no_socket_and_no_key(tmp_path):
