@@ -21,8 +21,9 @@ sign of life; membership is per agent, values are per class.
 
 The stale policy is the paper's conservative one ([Raghavan07] §5.6):
 a peer not heard from for ``timeout_s`` counts with value 0 and is left out of
-``n_alive``, so ``effective_limit`` (agent/model.py) drops the global limit by 1/N for
-it; when it is heard again it counts again.  A restarted peer (another
+``n_alive``, so ``effective_limit`` (agent/model.py) drops the global limit by what its
+datapath may still pass (:meth:`Membership.may_still_pass`; 1/N without a safe rate);
+when it is heard again it counts again.  A restarted peer (another
 incarnation: normally a higher one, or a lower one that gossip accepts again
 after a higher one fell silent) starts with no values: only what it publishes
 in its current life counts.
@@ -145,10 +146,12 @@ class Membership:
         None keeps the current value (an explicit ``--peer-timeout`` stays fixed).
 
         ``lost`` (some of ``peers``): members that went without leaving (an expired lease).
-        They are no members (not in N), but while one is still heard it counts as one
-        (cut off from the registry, not dead), and once silent its datapath, which may
-        still pass traffic, stays reserved by the stale rule (:meth:`may_still_pass`), so
-        the hosts together never pass more than the limit."""
+        While one is still heard it counts as a member (cut off from the registry, not
+        dead); once silent it leaves the view's members, but not N: its datapath keeps
+        passing at the fail-safe of the N it knew, so it stays reserved by the stale rule
+        (:meth:`may_still_pass`) and our safe rate stays the share of that N.  Out of N, a
+        killed peer of two made the survivor's safe rate, and so the killed one's
+        reservation, the whole limit (issue 43)."""
         if timeout_s is not None:
             self.timeout_s = _checked(timeout_s)
         if slack_s is not None:
@@ -170,7 +173,9 @@ class Membership:
 
     @property
     def n_nodes(self) -> int:
-        return 1 + len(self._slots) - len(self._lost)
+        """N: this host and every peer whose datapath may pass the class, lost ones included
+        (their kernels keep the fail-safe of the N they knew, which counted us)."""
+        return 1 + len(self._slots)
 
     def observe(self, rx: Received, now: float) -> None:
         """Record one accepted datagram (from gossip; unknown addresses are ignored)."""
@@ -218,7 +223,8 @@ class Membership:
             heard = [now - age for _, age in stale if age < math.inf]     # a peer never heard: ours now
             history = self._safe_history(class_id, now, safe_Bps, heard)
             each = sorted((self.may_still_pass(values.get(class_id, _NOTHING)[2], now - age, now,
-                                               _safe_since(history, now - age - self.timeout_s))
+                                               _safe_since(history, now - age - self.timeout_s),
+                                               deaf=not n_alive)
                            for values, age in stale), reverse=True)
             reserved = sum(each)
         return PeerView(members, _Peers(rows, class_id), sums.get(class_id, 0.0), n_alive, reserved, unheard,
@@ -238,16 +244,27 @@ class Membership:
             history.pop(0)
         return history
 
-    def may_still_pass(self, local_Bps: float | None, last_seen: float, now: float, safe_Bps: float) -> float:
+    def may_still_pass(self, local_Bps: float | None, last_seen: float, now: float, safe_Bps: float,
+                       deaf: bool = False) -> float:
         """What a silent peer's datapath may pass now: the larger of the local limit it last
         told us and the safe rate until its fail-safe has surely started (bpf/police.h
         policy_of), then the safe rate.  Not less than the safe rate before: a silent peer
         may be alive and unheard, holding itself to the safe rate (model.heard_cap).  Its last
         config write is within ``slack_s`` of the last datagram we had from it, so its
         fail-safe starts within failsafe_s +- slack_s of that.  A peer never heard, or that
-        never told us this class's limit, is counted at the safe rate.  ``safe_Bps``: the
-        largest the peer can have had since it was last heard (view, _safe_since)."""
-        if local_Bps is None or last_seen == NEVER:
+        never told us this class's limit (or told no finite one), is counted at the safe rate.
+        ``safe_Bps``: the largest the peer can have had since it was last heard (view,
+        _safe_since).
+
+        ``deaf``: we hear no peer at all.  Then every silent one counts at the safe rate
+        alone, so that we pass our own safe rate at once, not what a peer's last local limit
+        leaves (0.1 Mbit/s for 2 s; a survivor of two starved as long).  Either we are deaf
+        and the peers, who hear our echo, hold themselves to their safe rates
+        (model.heard_cap), or they all died and their fail-safes take over within
+        failsafe_s + slack_s: the one stretch the hosts may pass more than the limit, by
+        what the dead ones' last local limits exceeded their safe rates.  A peer's death
+        beside others we hear keeps the full rule: they share what is left."""
+        if local_Bps is None or last_seen == NEVER or deaf or not math.isfinite(local_Bps):
             return safe_Bps
         if now - last_seen < self.failsafe_s + self.slack_s:
             # at least the safe rate: it may be alive and not heard (one-way loss), holding

@@ -182,7 +182,7 @@ class RegistrySync:
 
     def _follow_members(self, view: RegistryView) -> None:
         """The registry's members (and --peers) become the gossip targets and N; a lost one
-        stays a gossip target and reserved, but out of N (Membership.set_peers)."""
+        (killed: its lease expired) stays a target, in N and reserved (Membership.set_peers)."""
         cfg = self.cfg
         wanted = {m.addr: m.node_id for m in view.members.values() if m.node_id != cfg.node_id}
         wanted.update({p.addr: p.node_id for p in cfg.peers})
@@ -195,7 +195,7 @@ class RegistrySync:
         if (wanted, lost) == self._peers_applied:
             return
         (before, _), self._peers_applied = self._peers_applied, (wanted, lost)
-        n = len(wanted)
+        n = len({**wanted, **lost})         # the peers we gossip to, and whose datapaths count
         timeout_s = None if cfg.peer_timeout_fixed else liveness_timeout(cfg.interval_s, n, cfg.branching)
         heard_from = self.transport.set_peers({**wanted, **lost}, timeout_s=timeout_s)
         self.members.set_peers(heard_from, timeout_s=timeout_s, slack_s=slack_s(cfg, n),

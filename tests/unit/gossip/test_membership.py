@@ -156,12 +156,14 @@ def test_a_lower_incarnation_gossip_accepts_again_replaces_the_higher_ones_value
 # -- the stale rule counts what a silent peer's datapath may still pass -----------------------
 
 def test_a_silent_peer_counts_its_last_local_limit_or_more_until_its_fail_safe_then_the_safe_rate():
-    m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
-    n2, n3 = Peer(PEERS[0], "n2"), Peer(PEERS[1], "n3")
+    m = Membership("n1", PEERS, timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
+    n2, n3, n4 = Peer(PEERS[0], "n2"), Peer(PEERS[1], "n3"), Peer(PEERS[2], "n4")
     m.observe(n2.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=600_000.0),))), 0.0)
     m.observe(n3.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=100_000.0),))), 0.0)
     safe = GLOBAL_BPS / 3                                          # 400 kB/s
+
     def reserved(t):
+        m.observe(n4.rx(Batch(())), t)                             # n4 heard throughout: we are not deaf
         return m.view(1, t, safe_Bps=safe).reserved_Bps
     assert reserved(0.2) == 0.0                                    # both alive
     # stale: what they may still pass, the safe rate at least (alive and unheard, each holds
@@ -169,10 +171,44 @@ def test_a_silent_peer_counts_its_last_local_limit_or_more_until_its_fail_safe_t
     assert reserved(1.0) == 600_000 + safe
     assert reserved(1.8) == 600_000 + safe                         # either side of a fail-safe: the larger
     assert reserved(2.4) == 2 * safe                               # fail-safes surely on
+    m.observe(n4.rx(Batch(())), 1.0)
     snap = Snapshot(now=1.0, node_id="n1", interval_s=0.1, global_Bps=GLOBAL_BPS,
                     local=Local(demand_Bps=0.0), view=m.view(1, 1.0, safe_Bps=safe))
     assert effective_limit(snap) == GLOBAL_BPS - 1_000_000         # never more than the rest can pass
-    assert m.view(1, 1.0).reserved_Bps is None and limit(m.view(1, 1.0)) == GLOBAL_BPS / 3   # the 1/N rule
+    assert m.view(1, 1.0).reserved_Bps is None and limit(m.view(1, 1.0)) == GLOBAL_BPS / 2   # the 1/N rule
+
+
+def test_a_host_that_hears_no_peer_reserves_each_its_safe_rate_and_keeps_its_own():
+    """Deaf (or the last one alive): what the peers last told does not starve it (issue 43:
+    0.1 Mbit/s for 2 s), whatever they told; with N = 1 nothing is reserved."""
+    safe = GLOBAL_BPS / 3
+    for told in (0.0, 600_000.0, GLOBAL_BPS, 1e15, math.nan, math.inf):
+        m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
+        for i, peer in enumerate((Peer(PEERS[0], "n2"), Peer(PEERS[1], "n3"))):
+            m.observe(peer.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=told if i else 1.0),))), 0.0)
+        for t in (0.31, 1.0, 2.4, 60.0):
+            view = m.view(1, t, safe_Bps=safe)
+            assert view.reserved_Bps == 2 * safe and view.stale_reserves == (safe, safe), (told, t)
+            snap = Snapshot(t, "n1", 0.1, GLOBAL_BPS, Local(demand_Bps=0.0), view)
+            assert effective_limit(snap) == pytest.approx(safe), (told, t)      # its own safe rate, at once
+    alone = Membership("n1", [], timeout_s=0.3).view(1, 5.0, safe_Bps=GLOBAL_BPS)
+    assert alone.reserved_Bps == 0.0 and limit(alone) == GLOBAL_BPS
+
+
+def test_a_told_limit_beside_a_heard_peer_is_reserved_as_told_and_never_nan():
+    """Not deaf: a dead peer's last local limit is what its datapath passes until its
+    fail-safe, however large (a class in pass mode tells its demand); one that told nothing
+    finite counts at the safe rate, so no sum is ever NaN."""
+    safe = GLOBAL_BPS / 3
+    for told, want in ((0.0, safe), (1e15, 1e15), (math.nan, safe), (math.inf, safe)):
+        m = Membership("n1", PEERS[:2], timeout_s=0.3, failsafe_s=2.0, slack_s=0.3)
+        n2, n3 = Peer(PEERS[0], "n2"), Peer(PEERS[1], "n3")
+        m.observe(n2.rx(Batch((ClassValue(1, 1, 5.0, local_Bps=told),))), 0.0)
+        m.observe(n3.rx(Batch(())), 1.0)
+        view = m.view(1, 1.0, safe_Bps=safe)
+        assert view.reserved_Bps == want and not math.isnan(limit(view)) and limit(view) >= 0.0, told
+        m.observe(n3.rx(Batch(())), 2.5)
+        assert m.view(1, 2.5, safe_Bps=safe).reserved_Bps == safe          # its fail-safe surely on
 
 
 def test_a_silent_peer_keeps_the_safe_rate_of_the_limit_it_knew_when_the_limit_is_lowered():
@@ -247,7 +283,7 @@ def test_a_leaving_peer_is_gone_at_once_not_stale():
     assert m.view(1, 0.2).remote_sum == 100.0 and [r["node_id"] for r in m.status(0.2)] == ["n2"]
 
 
-def test_a_lost_peer_is_out_of_n_but_counts_while_heard_and_its_datapath_stays_reserved():
+def test_a_lost_peer_stays_in_n_counts_while_heard_and_its_datapath_stays_reserved():
     """Gone from the registry without leaving: cut off from etcd (still heard) or killed
     (silent, its filter at its fail-safe rate): never more than the limit in total."""
     m = Membership("n1", [A, B], 0.3, names={A: "n2", B: "n3"}, failsafe_s=2.0)
@@ -255,7 +291,7 @@ def test_a_lost_peer_is_out_of_n_but_counts_while_heard_and_its_datapath_stays_r
     m.observe(n2.rx(100.0), 0.0)
     m.observe(n3.rx(200.0), 0.0)
     m.set_peers({A: "n2", B: "n3"}, lost=[B])
-    assert m.n_nodes == 2
+    assert m.n_nodes == 3                                      # its datapath counts: our safe rate G/3
     view = m.view(1, 0.1, safe_Bps=1000.0)                     # n3 still heard: it counts
     assert view.members == ("n1", "n2", "n3") and view.n_alive == 2 and view.remote_sum == 300.0
     m.observe(n2.rx(100.0), 2.9)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from drl.agent.cluster.etcd import Gateway
 from drl.agent.cluster.registry import Registry, RegistryConfig, import_classes
-from drl.agent.gossip.core import CLUSTER, GossipCore, PeerList
+from drl.agent.gossip.core import CLUSTER, GossipCore, Outgoing, PeerList
 from drl.cli.agent import load_config, up
 from drl.cli.ctl import main as ctl_main
 from drl.lab.etcd import Etcd
@@ -171,8 +171,33 @@ def test_a_member_key_never_heard_is_forgotten_when_deleted_and_one_heard_stays_
             assert set(rows()) == {"b", "x"}
             gw.delete("/drl/t/members/x")
             gw.delete("/drl/t/members/b")
-            follow(a, lambda: a.members.n_nodes == 1)
+            follow(a, lambda: set(rows()) == {"b"})
             assert rows() == {"b": "lost"} or rows() == {"b": "alive"}, rows()     # x forgotten, b kept
+            assert a.members.n_nodes == 2           # b's datapath still passes: in N, reserved
             assert sorted(a.registry.view().lost) == ["b", "x"]      # etcd's side knows no gossip
             gw.put("/drl/t/members/x", json.dumps({"addr": "127.0.0.9:7470", "incarnation": 1}).encode())
-            follow(a, lambda: a.members.n_nodes == 2 and set(rows()) == {"b", "x"})   # registers again: a member
+            follow(a, lambda: a.members.n_nodes == 3 and set(rows()) == {"b", "x"})   # registers again: a member
+
+
+def test_a_killed_members_lease_expiring_leaves_the_survivor_its_share_not_nothing(tmp_path):
+    """Issue 43: b, heard at half of the limit, is killed; its key goes with its lease.  Out of
+    N, the survivor's safe rate was the whole limit, and b was reserved that much (the
+    largest safe rate since it was heard): effective 0 until b came back.  b's datapath
+    keeps the fail-safe of N = 2, so both count it: N stays 2, b is reserved its half."""
+    with Etcd() as etcd:
+        cfg = etcd_config(tmp_path, etcd, "--global", "10mbit", "--allocator", "fps")
+        gw = Gateway(etcd.endpoints[0], None, 10.0)
+        b = GossipCore("b", CLUSTER, None, PeerList([cfg.listen]), 1, incarnation=1)
+        with agent(cfg, FakeDatapath()) as a:
+            gw.put("/drl/t/members/b", json.dumps({"addr": "127.0.0.2:7470", "incarnation": 1}).encode())
+            follow(a, lambda: a.members.n_nodes == 2)
+            key = a.table.get("default").conf.key
+            a.transport.arrive(b.publish({key: Outgoing(1e5, local_Bps=625_000.0)}, 0.0), ("127.0.0.2", 7470))
+            a.receive()
+            gw.delete("/drl/t/members/b")                     # its lease expired: no "left"
+            follow(a, lambda: {r["state"] for r in a.members.status(time.monotonic() + 10)} == {"lost"})
+            for dt in (10.0, 10.1, 60.0):                     # stale; then its fail-safe surely on
+                a.tick(time.monotonic() + dt)
+                st = a.status()["classes"][0]
+                assert st["safe_rate_bps"] == 5e6, st
+                assert st["effective_limit_bps"] == pytest.approx(5e6), st
