@@ -158,7 +158,7 @@ class _Reference:
         self.flows: dict = {}
 
     def update(self, now_s, counters, flows, now_ns):
-        from drl.agent.estimator import IDLE_INTERVALS, IDLE_MIN_S
+        from drl.agent.estimator import IDLE_INTERVALS, IDLE_MIN_S, RESEED_MIN, RESEED_SHARE
         from drl.agent.model import Local
         arrived = counters.passed_bytes + counters.dropped_bytes
         if self.last_s is None or now_s <= self.last_s:
@@ -188,8 +188,30 @@ class _Reference:
             flow[0] = f.bytes
             flow[3] = now_ns is None or now_ns - f.last_ns <= idle_ns
             seen[f.key] = flow
+        if new >= RESEED_MIN and new >= RESEED_SHARE * (len(seen) - new):   # the one change since
+            for flow in seen.values():
+                flow[2] = min(flow[2], 1)
         self.flows = seen
         self.last_s, self.last_arrived, self.last_passed = now_s, arrived, counters.passed_bytes
         rates = sorted((f[1] * self.sent for f in self.flows.values() if f[3] and f[1]), reverse=True)
         return Local(demand_Bps=self.demand, sent_Bps=self.sent, flow_rates_Bps=tuple(rates),
                      new_flows=new, sent_total_bytes=counters.passed_bytes)
+
+
+def test_ten_flows_joining_one_restart_its_smoothing():
+    """A lone flow holds its class; 10 flows join and from then on all 11 get the same.  Half
+    a second later the old flow's rate is near the newcomers' (Estimator._reseed): at
+    flow_ewma's pace it would still read ~6 times theirs, and FPS would take the newcomers
+    for flows bottlenecked elsewhere (the fastest is what fair_band measures against)."""
+    est = Estimator(ewma=0.1, flow_ewma=0.8)
+    sizes = {1: 0}
+    for tick in range(1, 61):                        # 3 s alone, then 10 more at tick 40
+        now = tick * 0.05
+        if tick == 40:
+            sizes.update({port: 0 for port in range(2, 12)})
+        for port in sizes:
+            sizes[port] += 11_000 // len(sizes)
+        flows = [flow(port, n, 1.9 if port > 1 else 0.0, now) for port, n in sizes.items()]
+        local = est.update(now, Counters(sum(sizes.values())), flows, now_ns=int(now * S))
+    rates = local.flow_rates_Bps
+    assert len(rates) == 11 and max(rates) <= 1.5 * min(rates), rates
