@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from . import plots
 from .spec import Experiment, Link, Matrix, Traffic
 
 TO_SHARE = 0.9       # time_to_share_s: a 1-s window at this share of the ideal rate
@@ -100,7 +101,8 @@ def time_to_share(run: dict, ideal: list[float]) -> float | None:
     series = run["series"]
     per_s = max(1, round(1.0 / series["dt_s"]))
     worst = 0.0
-    for rates, share in zip(series["limiters_bps"].values(), ideal):
+    for lim, share in zip(run["limiters"], ideal):
+        rates = series["limiters_bps"][lim["name"]]
         want = TO_SHARE * share * run["global_limit_bps"]
         first = next((i + per_s for i in range(len(rates) - per_s + 1)
                       if sum(rates[i:i + per_s]) / per_s >= want), None)
@@ -114,8 +116,6 @@ def run_matrix(exp: Experiment, out: Path, allocators: list[str] | None, repeat:
                progress: Callable[[str], None], run_cell: Callable[..., dict]) -> dict:
     """Every cell with every allocator (``run_cell``: lab/runner.py run_experiment); writes
     DIR/result.json with ``matrix`` (one row a cell and allocator) and DIR/matrix.png."""
-    from . import plots
-
     rows, runs = [], []
     grid = cells(exp)
     for i, c in enumerate(grid):
@@ -127,7 +127,8 @@ def run_matrix(exp: Experiment, out: Path, allocators: list[str] | None, repeat:
                    "repeat": run["repeat"], **score(run, c.split, exp.matrix)}
             rows.append(row)
             # failed_checks (cli/lab.py) reads a run's checks, named by "fault"
-            runs.append({**run, "checks": [{**k, "fault": c.label, "at_s": 0.0} for k in row["checks"]]})
+            mine = [{**k, "fault": c.label, "at_s": 0.0} for k in row["checks"]]
+            runs.append({**run, "checks": run.get("checks", []) + mine})
     doc = {"experiment": exp.name, "global_limit_bps": exp.global_Bps * 8, "duration_s": exp.duration_s,
            "warmup_s": exp.warmup_s, "matrix": rows, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)

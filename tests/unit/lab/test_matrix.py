@@ -86,9 +86,12 @@ def test_a_matrix_needs_a_router():
 
 
 def run(allocator: str, shares: list[float], jain: float | None, series: list[list[float]]) -> dict:
-    return {"allocator": allocator, "repeat": 1, "limiters": [{"share": s} for s in shares], "jain_index": jain,
+    names = [f"l{i + 1}" for i in range(max(len(shares), len(series)))]
+    return {"allocator": allocator, "repeat": 1, "jain_index": jain,
+            "limiters": [{"name": n, "share": s} for n, s in zip(names, shares or [0.0] * len(names))],
             "utilization": 0.99, "global_limit_bps": 12e6,
-            "series": {"dt_s": 0.1, "limiters_bps": {f"l{i + 1}": s for i, s in enumerate(series)}}}
+            # the series in another order than the limiters: matched by name
+            "series": {"dt_s": 0.1, "limiters_bps": dict(reversed(list(zip(names, series))))}}
 
 
 M = Matrix(((1, 3),), ("cubic",), ("default",), max_share_error=0.05, min_jain=0.95)
@@ -129,3 +132,23 @@ def test_the_table_and_the_failed_checks_read_as_bounds():
                                       "checks": [{**c, "fault": row["cell"]} for c in row["checks"]]}]})
     assert failed == [f"fps-1: 1:3 cubic default max_share_error {row['max_share_error']} > 0.05",
                       "fps-1: 1:3 cubic default min_jain 0.83 < 0.95"]
+
+
+def test_run_matrix_keeps_a_cells_own_checks_and_writes_its_table_and_plot(tmp_path):
+    exp = loads(with_matrix('splits = ["1:3", "1:1"]\ncongestion_control = ["cubic"]\nenforce = ["default"]\n'
+                            'max_share_error = 0.05\n'))
+    seen = []
+
+    def run_cell(cexp, out, allocators, repeat, progress):
+        seen.append((cexp.name, cexp.limiters, out.name))
+        own = {"check": "max_envelope_ratio", "value": 0.9, "bound": 1.0, "result": "pass", "fault": "run"}
+        shares = [0.25, 0.75] if cexp.name.endswith("1-3-cubic-default") else [0.4, 0.6]
+        return {"runs": [{**run("fps", shares, 0.99, [[3e6] * 20, [9e6] * 20]), "checks": [own]}]}
+
+    doc = matrix.run_matrix(exp, tmp_path, None, None, lambda line: None, run_cell)
+    assert seen == [("m-1-3-cubic-default", ["l1", "l2"], "m-1-3-cubic-default"),
+                    ("m-1-1-cubic-default", ["l1", "l2"], "m-1-1-cubic-default")]
+    assert [r["cell"] for r in doc["matrix"]] == ["1:3 cubic default", "1:1 cubic default"]
+    assert [c["check"] for c in doc["runs"][1]["checks"]] == ["max_envelope_ratio", "max_share_error"]
+    assert failed_checks(doc) == [f"fps-1: 1:1 cubic default max_share_error {doc['matrix'][1]['max_share_error']} > 0.05"]
+    assert (tmp_path / "result.json").exists() and (tmp_path / "matrix.png").stat().st_size > 0
