@@ -259,37 +259,48 @@ class Simulation:
         self.views.expire(k)            # first: an update arriving right now revives the peer
         self.views.receive(batch, k)
         arrived = self.net.due_envelopes(k)
-        for dst, env, _ in arrived:
-            if isinstance(env.body, Sums):
-                self.trees[dst].receive(env.src, env.body, k * self.setup.interval_s)
+        if not arrived:
+            return
+        now, trees, inbox, index = k * self.setup.interval_s, self.trees, self.inbox, self.index
+        dsts, srcs, seqs = [], [], []
+        for dst, env, seq in arrived:
+            body = env.body
+            if type(body) is Sums:
+                trees[dst].receive(env.src, body, now)
             else:
-                self.inbox[dst].append(env)
-        if arrived:
-            dst, src, seq = (np.array(col) for col in
-                             zip(*((d, self.index[e.src], q) for d, e, q in arrived)))
-            self.tap.received(dst, src, seq)
-            self.views.touch(dst, src, k)
+                inbox[dst].append(env)
+            dsts.append(dst)
+            srcs.append(index[env.src])
+            seqs.append(seq)
+        dst_a, src_a = np.array(dsts), np.array(srcs)
+        self.tap.received(dst_a, src_a, np.array(seqs))
+        self.views.touch(dst_a, src_a, k)
 
     def _allocate(self, now: float, k: int) -> Enforcement:
         s, n = self.setup, self.setup.n_nodes
         # per node into lists, into arrays once: numpy's scalar stores cost ~1 us each
+        # (and the loop's lookups hoisted: it runs 1,000 times a tick)
         mode, limit, drop, quota = [int(Mode.PASS)] * n, [0.0] * n, [0.0] * n, [np.inf] * n
+        publish = self.publish.tolist()
+        now_ns, interval_s, global_Bps = int(now * 1e9), s.interval_s, s.global_Bps
+        counters, flow_records, view_of = self.demand.counters, self.demand.flow_records, self.views.view
+        estimators, states, inbox, ids, alloc = self.estimators, self.states, self.inbox, self.ids, self.alloc
+        neighbours, trees = self.neighbours, self.trees
         for i in np.flatnonzero(self.net.alive).tolist():
-            local = self.estimators[i].update(now, self.demand.counters(i),
-                                              self.demand.flow_records(i, now), int(now * 1e9))
-            nb = self.neighbours[i] if self.neighbours else None
-            view = self.views.view(i, k, nb)
-            given = ClassInput(now, self.ids[i], s.interval_s, s.global_Bps, local, view, self.inbox[i],
-                               safe_rate_Bps(s.global_Bps, view.n_nodes), CLASS_ID)
-            _, out = class_step(self.alloc, self.states[i], given, self.trees[i] if self.trees else None)
-            self.inbox[i] = []
-            self.states[i], d = out.state, out.decision
+            local = estimators[i].update(now, counters(i), flow_records(i, now), now_ns)
+            view = view_of(i, k, neighbours[i] if neighbours else None)
+            given = ClassInput(now, ids[i], interval_s, global_Bps, local, view, inbox[i],
+                               safe_rate_Bps(global_Bps, view.n_nodes), CLASS_ID)
+            _, out = class_step(alloc, states[i], given, trees[i] if trees else None)
+            inbox[i] = []
+            states[i], d = out.state, out.decision
             self.decisions[i] = d
             mode[i], limit[i], drop[i] = int(d.mode), d.limit_Bps, d.drop_probability
             quota[i] = np.inf if d.quota_bytes is None else d.quota_bytes
-            self.publish[i] = d.publish
+            publish[i] = d.publish
             if out.outbox:
                 self._send_outbox(i, out.outbox, k, now)
+        self.publish = np.array(publish, dtype=float)
         return Enforcement(np.array(mode), np.array(limit), np.array(drop), np.array(quota))
 
     def _send_outbox(self, i: int, outbox: Sequence[Envelope], k: int, now: float) -> None:
@@ -312,16 +323,17 @@ class Simulation:
     def _targets(self, senders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(src, dst) of this tick's Updates: every graph neighbour, or ``branching``
         peers chosen by each node's gossip cycle (agent.gossip.GossipCore.targets)."""
-        n = self.setup.n_nodes
+        n, k = self.setup.n_nodes, self.setup.effective_branching()
+        if len(senders) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if self.neighbours is None and k < n - 1:
+            # one array for all senders (k each): an array per sender cost ~1 us
+            picks = np.array([self.cycles[i].take(k) for i in senders.tolist()], dtype=np.int64)
+            return np.repeat(senders, k), ((senders[:, None] + 1 + picks) % n).ravel()
         if self.neighbours is not None:
             dst = [np.asarray(self.neighbours[i], dtype=np.int64) for i in senders]
-        elif self.setup.effective_branching() >= n - 1:
-            dst = [np.delete(np.arange(n), i) for i in senders]
         else:
-            k = self.setup.effective_branching()
-            dst = [(i + 1 + np.array(self.cycles[i].take(k))) % n for i in senders]
-        if not dst:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            dst = [np.delete(np.arange(n), i) for i in senders]
         src = np.repeat(senders, [len(d) for d in dst])
         return src, np.concatenate(dst).astype(np.int64)
 
