@@ -1,4 +1,4 @@
-"""``drl-sim run envelope`` at 1,000 limiters (about 75 s; the fast cases at 30 are in
+"""``drl-sim run envelope`` at 1,000 limiters (about 60 s; the fast cases at 30 are in
 tests/unit/sim/test_sim_envelope.py): the envelope of every phase, and that the promise
 G x T + D holds while a third of the limiters go busy, idle and busy again, with gossip branching
 3 and the agent's sum tree (agent/gossip/tree.py; per-peer gossip alone broke it: start-up 1.755,
@@ -18,7 +18,7 @@ from drl.sim import envelope as env
 
 @pytest.fixture(scope="module")
 def thousand(tmp_path_factory):
-    """The 1,000-limiter run (about 75 s): a third busy, a third busy-idle-busy, a third idle."""
+    """The 1,000-limiter run (about 60 s): a third busy, a third busy-idle-busy, a third idle."""
     out = tmp_path_factory.mktemp("envelope1000")
     res = CliRunner().invoke(main, ["run", "envelope", "--limiters", "1000", "--out", str(out), "-q"])
     assert res.exit_code == 0, res.output
