@@ -3,6 +3,7 @@
     dispatch = Dispatch(members.observe)        # every datagram: a sign of life first
     tree.subscribe(dispatch)                    # each consumer: dispatch.on(Sums, handler)
     table.subscribe(dispatch)                   # dispatch.otherwise(...): a class's inbox
+    dispatch.watch(Batch, handler)              # sees every Batch too, beside its consumer
     dispatch.deliver(rx, now)
 
 A new message type touches gossip/ (wire.py) and the code that consumes it, which
@@ -22,12 +23,18 @@ class Dispatch:
     def __init__(self, *observers: Handler):
         self._observers = observers
         self._by_type: dict[type, Handler] = {}
+        self._watchers: dict[type, list[Handler]] = {}
         self._otherwise: Handler | None = None
 
     def on(self, kind: type, handler: Handler) -> None:
         if kind in self._by_type:
             raise ValueError(f"{kind.__name__} already has a consumer")
         self._by_type[kind] = handler
+
+    def watch(self, kind: type, handler: Handler) -> None:
+        """``handler`` sees every datagram of ``kind`` as well, after its consumer: a check that
+        reads another consumer's messages (the sum tree reads the peers' Batch values)."""
+        self._watchers.setdefault(kind, []).append(handler)
 
     def otherwise(self, handler: Handler) -> None:
         self._otherwise = handler
@@ -38,3 +45,5 @@ class Dispatch:
         handler = self._by_type.get(type(rx.payload), self._otherwise)
         if handler is not None:
             handler(rx, now)
+        for watch in self._watchers.get(type(rx.payload), ()):
+            watch(rx, now)

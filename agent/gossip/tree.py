@@ -39,10 +39,41 @@ A value reaches its summer in one interval and every other summer in two, so a T
 most three intervals old when it is read.  A class whose value is 0 is left out of every
 Sums, so it costs nothing while idle; a value not heard again within FRESH intervals counts 0.
 Cost per interval: a leaf sends one datagram (more for many classes) and gets one; a summer
-sends about N/FAN_IN + FAN_IN.  Trust: Sums are authenticated like every datagram and must
-come from the node id bound to their address (agent/gossip/core.py); a TOTAL counts only from
-the summer we chose.  A member may lie in a PARTIAL as it may about its own value: it holds
-the cluster key.
+sends about N/FAN_IN + FAN_IN.
+
+Trust.  Sums are authenticated like every datagram and must come from the node id bound to
+their address (agent/gossip/core.py), but any member holds the cluster key, so what one says is
+bounded where it is used, not only at decode (wire.py): a member that is no chosen summer moves
+a remote sum by at most its own share (its value, 0 .. MAX_VALUE), and a chosen summer cannot
+take one below the gossip floor (tests/unit/gossip/test_tree_liars.py):
+
+* From a member only (of ``round``'s members); a LEAF counts one limiter, a PARTIAL at most its
+  sender's group, a TOTAL at most the other members; each sum at most its count x MAX_VALUE.
+* A TOTAL counts only from the summer we chose.  A PARTIAL counts only from its group's
+  *first summing member*: no member of the sender's group (our groups) that sorts before it
+  sums, as far as we know, i.e. is us summing or sent us a PARTIAL within FRESH intervals.
+  That is the summer its group's leaves choose while the first is up, or the next once the
+  first is down; a member that merely claims to sum changes nothing while the real one speaks.
+  The cost: while two members sum one group (a leaf passed the first over), the second's
+  leaves are missing from the others' totals, which then cover fewer limiters than are alive,
+  so ``apply`` falls back to per-peer gossip there, as when a summer fails.
+* The gossip floor.  The Batch values per-peer gossip brought us within FRESH intervals
+  (``heard``) are a lower bound on the sum of the others, of the same freshness as a TOTAL, so
+  ``apply`` reads the larger of the two: a summer that leaves values out cannot take the sum
+  below what we heard ourselves.  (Per-peer gossip's own sum, every alive peer's last value,
+  would more often give the smaller limit, but it holds a value that fell for up to a gossip
+  cycle, the staleness the tree exists to avoid; FRESH intervals is the tree's own.)
+* Lies.  A TOTAL counting more limiters than there are other members, or below half the floor
+  left by the peers but our summer (its own value is its to say) for SWITCH intervals in a
+  row, is a lie: we pass that summer over as a silent one, and read per-peer gossip for the
+  liveness timeout (``lies`` counts them; status shows the summer passed over).  Half and
+  SWITCH intervals leave room for values that fell since gossip brought them (an idle
+  class's, snapped to 0, or a leaver's); a smaller lie is held to the floor instead.
+* A summer counts at most every member, however many its leaves and PARTIALs claim.
+
+What a liar sent is gone FRESH intervals after it stopped, as every LEAF, PARTIAL, TOTAL and
+gossip value is, and what honest summers summed from it with their next message (a class they
+leave out ages out, FRESH intervals a hop); passing over lasts the liveness timeout.
 """
 from __future__ import annotations
 
@@ -52,7 +83,7 @@ import math
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from drl.agent.model import PeerView
-from drl.agent.gossip.wire import Sums, SumKind
+from drl.agent.gossip.wire import MAX_VALUE, Batch, Sums, SumKind, sendable
 
 if TYPE_CHECKING:
     from drl.agent.gossip.dispatch import Dispatch
@@ -72,9 +103,11 @@ class _Heard:
         self.values: dict[int, tuple[float, float]] = {}
         self.summers: tuple[str, ...] = ()
 
-    def merge(self, sums: Sums, now: float) -> None:
-        self.at, self.nodes = now, sums.nodes
-        self.values.update((key, (value, now)) for key, value in sums.values)
+    def merge(self, sums: Sums, now: float, most: int) -> None:
+        """Merge ``sums``, counting at most ``most`` limiters, each at most MAX_VALUE."""
+        self.at, self.nodes = now, min(sums.nodes, most)
+        cap = self.nodes * MAX_VALUE
+        self.values.update((key, (sendable(value, cap, 0.0), now)) for key, value in sums.values)
         if sums.summers:
             self.summers = sums.summers
 
@@ -148,38 +181,98 @@ class SumTree:
         self._groups: dict[str, tuple[str, ...]] = {}      # member -> its group
         self._mine: frozenset[str] = frozenset()           # our group, for the leaves' test
         self._told: tuple[str, ...] = ()     # whom our last PARTIAL went to
+        self._gossip: dict[str, dict[int, tuple[float, float]]] = {}   # peer -> class -> (value, when)
+        self._summed: frozenset[int] = frozenset()                      # the classes we sum
+        self._floor: tuple[float, dict[int, float]] = (math.nan, {})   # the gossip floor, at
+        self._low = 0                        # reads in a row our summer's TOTAL was below the floor
+        self._doubt = -math.inf              # until when we read per-peer gossip: a summer lied
+        self.lies = 0
 
     def subscribe(self, dispatch: Dispatch) -> None:
         dispatch.on(Sums, lambda rx, now: self.receive(rx.header.node, rx.payload, now))
+        dispatch.watch(Batch, lambda rx, now: self.heard(rx.header.node, rx.payload, now))
 
     def receive(self, sender: str, sums: Sums, now: float) -> None:
-        """One accepted Sums from ``sender``; a TOTAL counts only from our summer.  A LEAF or
-        PARTIAL of no limiter takes back the sender's last (it chose another summer, or
+        """One accepted Sums from ``sender``, a member; a TOTAL counts only from our summer.  A
+        LEAF or PARTIAL of no limiter takes back the sender's last (it chose another summer, or
         stopped summing), so its values are not counted twice while they age out."""
+        group = self._groups.get(sender)
+        if group is None:
+            return
         if sums.kind != SumKind.TOTAL:
-            heard = self._leaves if sums.kind == SumKind.LEAF else self._partials
+            leaf = sums.kind == SumKind.LEAF
+            heard = self._leaves if leaf else self._partials
             if sums.nodes:
-                heard.setdefault(sender, _Heard()).merge(sums, now)
+                heard.setdefault(sender, _Heard()).merge(sums, now, 1 if leaf else len(group))
             else:
                 heard.pop(sender, None)
         elif sender == self._summer:
-            self._total.merge(sums, now)
+            if sums.nodes >= len(self._members):
+                return self._lied(now)
+            self._total.merge(sums, now, len(self._members) - 1)
             self._asked = now
             self._read = (math.nan, None)
+
+    def heard(self, sender: str, batch: Batch, now: float) -> None:
+        """A member's Batch (per-peer gossip): its values of the classes we sum, for the floor."""
+        if sender in self._groups:
+            values = self._gossip.setdefault(sender, {})
+            for v in batch.values:
+                if v.key in self._summed:
+                    values[v.key] = (sendable(v.value, MAX_VALUE, 0.0), now)
+            self._floor = (math.nan, {})
+
+    def floor(self, now: float, without: str | None = None) -> dict[int, float]:
+        """Per class, the sum of the members' gossip values heard within FRESH intervals (all
+        but ``without``'s); the full one worked out once per ``now``."""
+        if self._floor[0] != now or without is not None:
+            since = now - FRESH * self.interval_s
+            floor: dict[int, float] = {}
+            for node, values in self._gossip.items():
+                if node != without:
+                    for key, (value, at) in values.items():
+                        if at >= since:
+                            floor[key] = floor.get(key, 0.0) + value
+            if without is not None:
+                return floor
+            self._floor = (now, floor)
+        return self._floor[1]
+
+    def _lied(self, now: float) -> None:
+        """Our summer lied: pass it over, and read per-peer gossip for the liveness timeout."""
+        self._passed[self._summer] = self._doubt = now + self.timeout_s
+        self._total, self._low, self._read = _Heard(), 0, (math.nan, None)
+        self.lies += 1
 
     def remote(self, now: float) -> Remote | None:
         """Our remote sums while at most FRESH intervals old, else None (worked out once per
         ``now``: a tick applies it to thousands of classes)."""
         if self._read[0] != now:
             since = now - FRESH * self.interval_s
-            if self._summer == self.node_id:
+            if now < self._doubt:
+                got = None
+            elif self._summer == self.node_id:
                 got = self._own if self._own is not None and self._own.at >= since else None
             elif self._total.at < since:
                 got = None
             else:
                 got = Remote(self._total.at, self._total.nodes, self._total.current(since))
+                got = self._checked(got, now)
             self._read = (now, got)
         return self._read[1]
+
+    def _checked(self, got: Remote, now: float) -> Remote | None:
+        """Our summer's TOTAL, or None once it has been below half the floor of the others (its
+        own value aside) for SWITCH reads in a row (a lie: module docstring)."""
+        low = self.floor(now, without=self._summer)
+        if any(got.values.get(key, 0.0) < value / 2 for key, value in low.items()):
+            self._low += 1
+            if self._low >= SWITCH:
+                self._lied(now)
+                return None
+        else:
+            self._low = 0
+        return got
 
     def apply(self, view: PeerView, key: int, now: float) -> PeerView:
         """``view`` with the tree's remote sum for class ``key``, if the tree covers at least the
@@ -191,11 +284,12 @@ class SumTree:
         got = self.remote(now)
         if got is None or got.nodes < view.n_alive:
             return view
+        remote = max(got.values.get(key, 0.0), self.floor(now).get(key, 0.0))
         silent = max(0, view.n_nodes - 1 - got.nodes)
         if silent >= view.n_stale:
-            return view._replace(remote_sum=got.values.get(key, 0.0))
+            return view._replace(remote_sum=remote)
         reserved = None if view.reserved_Bps is None else sum(view.stale_reserves[:silent])
-        return view._replace(remote_sum=got.values.get(key, 0.0), n_alive=view.n_nodes - 1 - silent,
+        return view._replace(remote_sum=remote, n_alive=view.n_nodes - 1 - silent,
                              reserved_Bps=reserved, stale_reserves=view.stale_reserves[:silent])
 
     def round(self, members: tuple[str, ...], own: Mapping[int, float], now: float,
@@ -206,6 +300,7 @@ class SumTree:
         if members is not self._members and members != self._members:    # the groups change, few members move
             self._members, self._groups = members, groups(tuple(members))
             self._mine = frozenset(self._groups.get(self.node_id, ()))
+        self._summed = frozenset(own)
         was = self._summer
         summer = self._choose(self._groups.get(self.node_id, ()), now, usable)
         out: list[tuple[str, Sums]] = []
@@ -220,6 +315,8 @@ class SumTree:
         self._leaves = {node: h for node, h in self._leaves.items() if h.at >= since and node in group}
         self._partials = {node: h for node, h in self._partials.items()     # a member's: one gone sums nothing
                           if h.at >= since and node in self._groups}
+        self._gossip = {node: fresh for node, values in self._gossip.items() if node in self._groups
+                        and (fresh := {k: vt for k, vt in values.items() if vt[1] >= since})}
         self._read = (math.nan, None)
         self._own = None
         if summer == self.node_id or self._leaves:
@@ -236,18 +333,29 @@ class SumTree:
         mine = self._summer == self.node_id
         partial = _add(leaves.values(), own)
         nodes = len(leaves) + mine
-        others = self._partials
-        to = {*filter(None, (self._first_usable(g, usable) for g in _distinct(self._members))), *others}
-        for heard in others.values():
-            to.update(heard.summers)
+        others = self._first_summing()
+        to = {*filter(None, (self._first_usable(g, usable) for g in _distinct(self._members))), *self._partials}
+        for heard in self._partials.values():
+            to.update(node for node in heard.summers if node in self._groups)
         self._told = tuple(sorted(node for node in to if node != self.node_id and usable(node)))
         sent = Sums(SumKind.PARTIAL, nodes, tuple(partial.items()), (self.node_id, *sorted(others)))
         out = [(node, sent) for node in self._told]
         total = _add([heard.current(since) for heard in others.values()], partial)
-        nodes += sum(heard.nodes for heard in others.values())
+        # a liar may count itself as our leaf and in its PARTIAL: never more than there are members
+        nodes = min(len(self._members), nodes + sum(heard.nodes for heard in others.values()))
         out += [(leaf, Sums(SumKind.TOTAL, nodes - 1, _less(total, values))) for leaf, values in leaves.items()]
         if mine:
             self._own = Remote(now, nodes - 1, dict(_less(total, own)))
+        return out
+
+    def _first_summing(self) -> dict[str, _Heard]:
+        """The PARTIALs that count: each from its group's first summing member (we sum)."""
+        summing = {*self._partials, self.node_id}
+        out = {}
+        for node, heard in self._partials.items():
+            group = self._groups[node]
+            if not summing.intersection(group[:group.index(node)]):
+                out[node] = heard
         return out
 
     def _choose(self, group: Sequence[str], now: float, usable: Callable[[str], bool]) -> str:

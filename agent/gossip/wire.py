@@ -14,9 +14,16 @@ cluster key (``key=None`` is the explicit insecure mode: no tag, nothing verifie
 receive path counts (agent/gossip/core.py ``Stats.rejected``).  Every number a
 datagram carries is checked against agent/units.py's bounds before anything
 uses it: finite, not negative (the sign of a Batch value is the receiver's to
-judge, core.py, which knows the class's allocator), a rate within the rate
-ceiling, a version one more than which still fits its uint64
-(``Reason.OUT_OF_RANGE``: the whole datagram is dropped, never clamped).  The MAC is checked
+judge, core.py, which knows the class's allocator), a published value within
++-MAX_VALUE, a Sums' sum within its node count times MAX_VALUE, a rate within the
+rate ceiling, a version one more than which still fits its uint64
+(``Reason.OUT_OF_RANGE``: the whole datagram is dropped, never clamped).  The
+encoder clamps a published value and a Sums into those same bounds instead: a
+sender whose allocator went wild (an FPS weight of 1e288, after a forged sum,
+went out as float32 infinity) must not make every Batch it sends undecodable for
+every peer for as long as the value lasts.  So decode(encode(m)) is never a
+Reason for a Batch or a Sums, and whatever decode yields, encode sends unchanged
+(tests/unit/gossip/test_wire_bounds.py).  The MAC is checked
 before the protobuf parser ever sees the bytes, so unauthenticated input only
 costs one HMAC.  Replays are caught statefully by ``lives.SeqWindow``, one per
 (sender, incarnation), in agent/gossip/core.py, after it has checked that the sender's
@@ -48,6 +55,11 @@ VERSION = 5
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
 MAX_SUM_NODES = 1 << 20   # limiters a Sums may count: far above any cluster, far below overflow
+# The largest magnitude of a published value (units.MAX_AMOUNT, 2^53: the bound of a weight or an
+# amount; a rate's ceiling is below it), one limiter's share of any sum: exact in a float32, so a
+# clamped Batch value decodes as it was clamped.  A class-specific bound would be tighter, but
+# FPS's line-9 weight has no scale of its own (it follows its peers' sum).
+MAX_VALUE = float(units.MAX_AMOUNT)
 
 
 class Reason(str, enum.Enum):
@@ -177,12 +189,7 @@ def encode(msg: Message, key: bytes | None) -> bytes:
         for entry in msg.payload.reports:
             _fill_report(sub.reports.add(), entry)
     elif cls is Sums:
-        sub.kind, sub.nodes = msg.payload.kind, msg.payload.nodes
-        if msg.payload.values:
-            keys, values = zip(*msg.payload.values)
-            sub.keys.extend(keys)
-            sub.values.extend(values)
-        sub.summers.extend(msg.payload.summers)
+        _fill_sums(sub, msg.payload)
     for name in _FIELDS.get(cls, ()):
         setattr(sub, name, getattr(msg.payload, name))
     body = dg.SerializeToString()
@@ -251,7 +258,7 @@ def _fill_batch(sub, batch: Batch) -> None:
         keys, seqs, values, versions, locals_ = zip(*batch.values)
         sub.keys.extend(keys)
         sub.seqs.extend(seqs)
-        sub.values.extend(values)
+        sub.values.extend(map(sendable, values))
         sub.versions.extend(versions)
         sub.locals.extend(map(_kBps, locals_))
     for note in batch.limits:
@@ -259,12 +266,12 @@ def _fill_batch(sub, batch: Batch) -> None:
 
 
 def _read_batch(sub) -> Batch | Reason:
-    """A well-formed Batch: arrays of one length, seqs from 1; finite values, versions below
-    MAX_VERSION, limits within the rate bounds (a value's sign is core.py's to judge)."""
+    """A well-formed Batch: arrays of one length, seqs from 1; values within +-MAX_VALUE, versions
+    below MAX_VERSION, limits within the rate bounds (a value's sign is core.py's to judge)."""
     keys, seqs, values, versions, locals_ = sub.keys, sub.seqs, sub.values, sub.versions, sub.locals
     if not len(keys) == len(seqs) == len(values) == len(versions) == len(locals_) or 0 in seqs:
         return Reason.GARBAGE
-    if not all(map(math.isfinite, values)) or any(v >= units.MAX_VERSION for v in versions):
+    if not all(-MAX_VALUE <= v <= MAX_VALUE for v in values) or any(v >= units.MAX_VERSION for v in versions):
         return Reason.OUT_OF_RANGE
     limits = tuple(LimitNote(n.key, n.version, n.global_Bps) for n in sub.limits)
     if not all(map(_limit_ok, limits)):
@@ -280,12 +287,37 @@ def _limit_ok(note: LimitNote) -> bool:
             and units.MIN_RATE_Bps <= note.global_Bps <= units.MAX_RATE_Bps)
 
 
+def sendable(value: float, most: float = MAX_VALUE, least: float | None = None) -> float:
+    """``value`` clamped into [least, most] (least: -most); NaN, which no bound holds, as 0."""
+    least = -most if least is None else least
+    return min(most, max(least, value)) if value == value else 0.0
+
+
+def sums_bound(kind: SumKind, nodes: int) -> int:
+    """The most limiters a Sums of ``kind`` may count: a LEAF counts its sender alone."""
+    return min(nodes, 1 if kind == SumKind.LEAF else MAX_SUM_NODES)
+
+
+def _fill_sums(sub, sums: Sums) -> None:
+    """A Sums as decode accepts it: nodes within sums_bound, each sum within 0 .. nodes x
+    MAX_VALUE, no empty summer id."""
+    sub.kind = sums.kind
+    sub.nodes = nodes = max(0, sums_bound(sums.kind, sums.nodes))
+    if sums.values:
+        keys, values = zip(*sums.values)
+        sub.keys.extend(keys)
+        sub.values.extend(sendable(v, nodes * MAX_VALUE, 0.0) for v in values)
+    sub.summers.extend(filter(None, sums.summers))
+
+
 def _read_sums(sub) -> Sums | Reason:
-    """Well-formed Sums: a known kind, parallel arrays, sums finite and >= 0 (a negative one
-    would take from everyone's total), at most MAX_SUM_NODES limiters."""
+    """Well-formed Sums: a known kind, parallel arrays, at most sums_bound limiters, each sum
+    finite within 0 .. nodes x MAX_VALUE (a negative one would take from everyone's total; a
+    larger one is more than the limiters it claims to count can have published)."""
     if sub.kind not in SumKind.__members__.values() or len(sub.keys) != len(sub.values):
         return Reason.GARBAGE
-    if sub.nodes > MAX_SUM_NODES or not all(math.isfinite(v) and v >= 0.0 for v in sub.values):
+    most = sub.nodes * MAX_VALUE
+    if sub.nodes > sums_bound(SumKind(sub.kind), sub.nodes) or not all(0.0 <= v <= most for v in sub.values):
         return Reason.OUT_OF_RANGE
     if not all(sub.summers):
         return Reason.GARBAGE
@@ -381,8 +413,8 @@ _ROUND_CACHE = 2 * 4096
 @functools.lru_cache(maxsize=_ROUND_CACHE)
 def _kBps(rate_Bps: float) -> int:
     """A local limit on the wire: kB/s rounded up (a stale peer is never counted below what it
-    may send), at most 2**32 - 1 kB/s (34 Tbit/s)."""
-    return min(2**32 - 1, math.ceil(max(0.0, rate_Bps) / 1000.0))
+    may send), at most 2**32 - 1 kB/s (34 Tbit/s); infinity as that most, NaN as 0."""
+    return math.ceil(sendable(rate_Bps, (2**32 - 1) * 1000.0, 0.0) / 1000.0)
 
 
 @functools.lru_cache(maxsize=_ROUND_CACHE)

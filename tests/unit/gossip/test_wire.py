@@ -17,9 +17,10 @@ from hypothesis import given, settings, strategies as st
 from drl.agent import units
 from drl.agent.clients.reports import MAX_BAN_NOTES, REPORT_K, BanNote, ClientReport
 from drl.agent.model import LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
+from drl.agent.gossip import drl_pb2
 from drl.agent.gossip.keys import KeyFileError, load_key
 from drl.agent.gossip.lives import SeqWindow
-from drl.agent.gossip.wire import (MAX_DATAGRAM, MAX_SUM_NODES, TAG_BYTES, Batch, ClassClients, ClassValue,
+from drl.agent.gossip.wire import (MAX_DATAGRAM, MAX_SUM_NODES, MAX_VALUE, TAG_BYTES, Batch, ClassClients, ClassValue,
                                    ClientReports, Header, LimitNote, Message, Reason, Sums, SumKind, decode, encode,
                                    pack_reports, pack_sums)
 
@@ -91,6 +92,13 @@ def authentic(body: bytes) -> bytes:
     return body + hmac.new(KEY, body, hashlib.sha256).digest()
 
 
+def forged_value(value: float) -> bytes:
+    """A Batch whose value the encoder would have clamped, built past it by a key holder."""
+    dg = drl_pb2.Datagram.FromString(encode(Message(header(), update(1.0)), None))
+    dg.batch.values[0] = value
+    return authentic(dg.SerializeToString())
+
+
 @pytest.mark.parametrize("data,reason", [
     (b"x" * (MAX_DATAGRAM + 1), Reason.OVERSIZED),
     (b"", Reason.TRUNCATED),
@@ -102,7 +110,7 @@ def authentic(body: bytes) -> bytes:
     (encode(Message(header(), update(1.0)), None), Reason.FORGED),
     (authentic(b"\xff\xff\xff"), Reason.GARBAGE),
     (authentic(b"\x1a\x00"), Reason.GARBAGE),
-    (encode(Message(header(), update(math.nan)), KEY), Reason.OUT_OF_RANGE),
+    (forged_value(math.nan), Reason.OUT_OF_RANGE),
     (encode(Message(header(), LeaseGrant(math.inf, 1.0, 1.0)), KEY), Reason.OUT_OF_RANGE),
     (encode(Message(header(node=""), update(1.0)), KEY), Reason.GARBAGE),
     (encode(Message(header(seq=0), update(1.0)), KEY), Reason.GARBAGE),
@@ -280,17 +288,31 @@ def test_a_client_report_outside_its_bounds_is_out_of_range(payload):
     assert decode(encode(Message(header(), _report_with()), KEY), KEY, CLUSTER).payload == _report_with()
 
 
-@pytest.mark.parametrize("payload,reason", [
-    (Sums(SumKind.TOTAL, 9, ((7, -1.0),)), Reason.OUT_OF_RANGE),        # would take from every total
-    (Sums(SumKind.TOTAL, 9, ((7, math.nan),)), Reason.OUT_OF_RANGE),
-    (Sums(SumKind.PARTIAL, 9, ((7, math.inf),)), Reason.OUT_OF_RANGE),
-    (Sums(SumKind.PARTIAL, MAX_SUM_NODES + 1, ((7, 1.0),)), Reason.OUT_OF_RANGE),
-    (Sums(0, 9, ((7, 1.0),)), Reason.GARBAGE),                           # no such kind
-    (Sums(4, 9, ((7, 1.0),)), Reason.GARBAGE),
-    (Sums(SumKind.PARTIAL, 9, ((7, 1.0),), ("n1", "")), Reason.GARBAGE),  # an empty summer id
-])
-def test_sums_outside_their_bounds_are_refused(payload, reason):
-    assert decode(encode(Message(header(), payload), KEY), KEY, CLUSTER) is reason
+def forged_sums(kind: int, nodes: int, values=(), summers=()) -> bytes:
+    """A Sums as a key holder can build it past the encoder's clamps."""
+    dg = drl_pb2.Datagram.FromString(encode(Message(header(), Sums(SumKind.LEAF, 0)), None))
+    dg.sums.kind, dg.sums.nodes = kind, nodes
+    dg.sums.keys.extend(k for k, _ in values)
+    dg.sums.values.extend(v for _, v in values)
+    dg.sums.summers.extend(summers)
+    return authentic(dg.SerializeToString())
+
+
+@pytest.mark.parametrize("data,reason", [
+    (forged_sums(SumKind.TOTAL, 9, ((7, -1.0),)), Reason.OUT_OF_RANGE),        # would take from every total
+    (forged_sums(SumKind.TOTAL, 9, ((7, math.nan),)), Reason.OUT_OF_RANGE),
+    (forged_sums(SumKind.PARTIAL, 9, ((7, math.inf),)), Reason.OUT_OF_RANGE),
+    (forged_sums(SumKind.PARTIAL, 1, ((7, 1e300),)), Reason.OUT_OF_RANGE),     # more than 1 limiter can publish
+    (forged_sums(SumKind.PARTIAL, 0, ((7, 1.0),)), Reason.OUT_OF_RANGE),       # a sum over nobody
+    (forged_sums(SumKind.LEAF, 2, ((7, 1.0),)), Reason.OUT_OF_RANGE),          # a LEAF is one limiter
+    (forged_sums(SumKind.PARTIAL, MAX_SUM_NODES + 1, ((7, 1.0),)), Reason.OUT_OF_RANGE),
+    (forged_sums(0, 9, ((7, 1.0),)), Reason.GARBAGE),                           # no such kind
+    (forged_sums(4, 9, ((7, 1.0),)), Reason.GARBAGE),
+    (forged_sums(SumKind.PARTIAL, 9, ((7, 1.0),), ("n1", "")), Reason.GARBAGE),  # an empty summer id
+], ids=["negative", "nan", "inf", "above-nodes-max", "over-nobody", "leaf-of-two", "nodes", "kind0", "kind4",
+        "empty-summer"])
+def test_sums_outside_their_bounds_are_refused(data, reason):
+    assert decode(data, KEY, CLUSTER) is reason
 
 
 @settings(max_examples=100, deadline=None)
@@ -299,16 +321,17 @@ def test_sums_outside_their_bounds_are_refused(payload, reason):
 def test_sums_are_packed_into_datagrams_that_fit_and_carry_every_class_once(n, summers, kind):
     """Thousands of classes and as many long summer ids as a PARTIAL can name, behind the longest
     header: every part fits, carries the kind and count, and the classes arrive once, in order."""
-    values = tuple((key, 3.4e38 * key / 5000) for key in range(n))
+    values = tuple((key, MAX_VALUE * key / 5000) for key in range(n))
+    nodes = 1 if kind == SumKind.LEAF else MAX_SUM_NODES      # a LEAF counts its sender alone
     h = header(cluster="c" * 64, node="n" * 64, dst="d" * 64, seq=2**64 - 1, incarnation=2**64 - 1, class_id=0)
     room = MAX_DATAGRAM - len(encode(Message(h, Batch()), KEY))
-    parts = pack_sums(Sums(kind, MAX_SUM_NODES, values, tuple(summers)), room)
+    parts = pack_sums(Sums(kind, nodes, values, tuple(summers)), room)
     got = []
     for part in parts:
         data = encode(Message(h, part), KEY)
         assert len(data) <= MAX_DATAGRAM
         back = decode(data, KEY, "c" * 64).payload
-        assert (back.kind, back.nodes) == (kind, MAX_SUM_NODES)
+        assert (back.kind, back.nodes) == (kind, nodes)
         got += back.values
     assert tuple(got) == values
     assert summers[:len(parts[0].summers)] == list(parts[0].summers) and all(not p.summers for p in parts[1:])
