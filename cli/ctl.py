@@ -138,6 +138,8 @@ def render(st: dict) -> str:
         f"global      {rate('global_limit_bps')}   effective {rate('effective_limit_bps')}",
         f"local       {rate('local_limit_bps')}   mode {st['mode']}   drop probability {st['drop_probability']:.3f}",
         f"measured    demand {rate('demand_bps')}   sent {rate('rate_bps')}   flows {st['flows']}",
+        f"enforce     {st.get('enforce', '?')}" + (f"  (the default polices: {st['enforce_reason']}; "
+                                                   "--enforce shape queues instead)" if st.get("enforce_reason") else ""),
         f"passed      {format_size(st['passed_bytes'])} in {st['passed_packets']} packets",
         f"dropped     {format_size(st['dropped_bytes'])} in {st['dropped_packets']} packets"
         + ("  (shadow mode: would have dropped; nothing was)" if st.get("shadow") else ""),
@@ -146,6 +148,9 @@ def render(st: dict) -> str:
     if ahead := st.get("datapath", {}).get("ahead"):
         lines.append(f"warning     tc filters at pref {','.join(map(str, ahead))} run before drl's on egress: "
                      "what they classify is not limited")
+    if st.get("datapath", {}).get("unseen"):
+        lines.append(f"warning     {format_rate(st['datapath']['unseen_bps'] / 8)} left {st['interface']} that drl's "
+                     "program never counted: it bypasses the limit")
     g = st["gossip"]
     lines.append(f"gossip      sent {g['sent']}  received {g['received']}  lost {g['lost']}  "
                  f"rejected {g['rejected']}  control {format_rate(g['control_bps'] / 8)}")

@@ -99,6 +99,7 @@ class Config:
     gossip_mark: int = abi.GOSSIP_MARK       # SO_MARK of the gossip socket, exempt from policing (agent/abi.py)
     metrics: HostPort | None = None          # --metrics: serve Prometheus /metrics there (agent/service/metrics.py)
     log_format: str = "logfmt"               # --log-format: logfmt or json lines on stderr (agent/logs.py)
+    filter_ahead: str = "reassert"           # --filter-ahead: others' egress filters before ours (agent/kernel/attach.py)
     # re-reads --config, with the registry's {name: table} on top if given; raises ConfigError
     reload: Callable[..., tuple[ClassConf, ...]] | None = None
     registry: RegistryConfig | None = None   # --registry: members and classes from etcd (agent/cluster/registry.py)
@@ -150,7 +151,8 @@ def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] |
         sample_probability=_sample_probability(opts, confs), max_flows=opts["max_flows"],
         max_classes=opts["max_classes"], state_dir=opts["state_dir"], max_clients=opts.get("max_clients") or abi.MAX_CLIENTS,
         gossip_mark=_gossip_mark(opts.get("gossip_mark")), metrics=_metrics(opts.get("metrics")),
-        log_format=opts.get("log_format") or "logfmt", registry=registry,
+        log_format=opts.get("log_format") or "logfmt", filter_ahead=opts.get("filter_ahead") or "reassert",
+        registry=registry,
         peer_timeout_fixed=bool(opts["peer_timeout_s"]))
 
 

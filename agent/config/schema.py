@@ -321,6 +321,9 @@ FIELDS: tuple[Field, ...] = (
     Field("gossip_mark", "--gossip-mark", MARK, default=f"{GOSSIP_MARK:#x}", show_default=True,
           help="Socket mark of the gossip socket: only UDP from --listen's port with this mark skips the "
                "limiter. Pick one no firewall or ip rule on the host uses."),
+    Field("filter_ahead", "--filter-ahead", Choice(["reassert", "warn"]), default="reassert", show_default=True,
+          help="Another tool's tc egress filter found running before drl's: reassert adds drl's again ahead of "
+               "it (it then no longer sees the traffic drl passes), warn only reports it; neither removes it."),
     Field("log_format", "--log-format", Choice(logs.FORMATS), default="logfmt", show_default=True,
           help="Log lines on stderr: logfmt or JSON, one event per line, same keys (docs/logs.md)."),
     Field("metrics", "--metrics", TEXT, metavar="HOST:PORT",

@@ -4,7 +4,16 @@
 while a class bans), ``detach`` removes exactly that, and ``ensure_attached`` checks
 every tick, with one raw netlink dump, that our program is still the filter, and which
 other filters run before it (a lower prio: whatever they classify never reaches ours,
-so it passes unlimited; ``attachment["ahead"]``, ``event=filter_ahead``).
+so it passes unlimited).  With ``filter_ahead="reassert"`` ours is added again where it runs
+first (agent/kernel/filters.py says where; ``event=filter_reasserted``); another tool's
+filter is never removed.  What stays ahead (``"warn"``, or before a pref-1 classifier
+nothing can precede) is reported: ``attachment["ahead"]``, ``event=filter_ahead``.  Once a
+second it also compares the interface's tx bytes with what the program counted
+(agent/kernel/unseen.py): ``attachment["unseen_bps"]``, ``event=unseen_traffic``.
+
+Ours runs first, and the program ends the walk (TC_ACT_OK): a filter behind ours never
+sees what ours passed.  So moving ours ahead of another tool's filter takes that filter
+out of the path of drl's traffic; ``--filter-ahead warn`` is for hosts where it must stay.
 
 The interface is followed by its name: deleted and made again (a new ifindex, no clsact),
 it is found by ``ensure_attached`` the first tick our filter is missing, and everything
@@ -16,7 +25,7 @@ from __future__ import annotations
 
 import errno
 import socket
-import sys
+import time
 from pathlib import Path
 
 from pyroute2 import IPRoute
@@ -24,26 +33,27 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import popns, pushns
 
 from drl.agent import logs
-from drl.agent.kernel import rtnetlink
+from drl.agent.kernel import filters, rtnetlink
 from drl.agent.kernel.maps import DatapathError
-from drl.agent.kernel.rtnetlink import (NLM_F_DUMP as _NLM_F_DUMP, TCA_BPF_ID as _TCA_BPF_ID, TCA_KIND as _TCA_KIND,
-                                        TCA_OPTIONS as _TCA_OPTIONS, TCMSG as _TCMSG, attrs as _attrs)
 
-FILTER_PRIO = 0xD1       # our filter's identity at clsact egress: prio + handle + name
+FILTER_PRIO = 0xD1       # our filter's identity at clsact egress: handle + name (the prio it starts at)
 FILTER_HANDLE = 0xD1
 FILTER_NAME = "drl_egress"
 EGRESS_PARENT = "ffff:fff3"
-INGRESS_NAME = "drl_ingress"   # same prio + handle, on clsact ingress
+INGRESS_NAME = "drl_ingress"   # FILTER_PRIO + handle, on clsact ingress
 INGRESS_PARENT = "ffff:fff2"
+FILTER_AHEAD = ("reassert", "warn")    # --filter-ahead: move ours ahead of others' egress filters, or only say so
 log = logs.get_logger("drl.agent")
 
 
 class Attachment:
     """Datapath's part for the filters.  Uses the Datapath's ``_ipr``, ``_nl``, ``_ifindex``,
     ``iface``, ``_relock`` (its interface lock onto a new index), the loaded programs (``_fn``,
-    ``_fn_in``, ``_prog_id``, ``_in_prog_id``) and its client part (``_bans_anywhere``: is the
-    ingress filter wanted); keeps ``_attached``, ``_created_clsact``, ``_reattached``,
-    ``_recreated``, ``_ahead`` and ``_attach_error``."""
+    ``_fn_in``, ``_prog_id``, ``_in_prog_id``), its client part (``_bans_anywhere``: is the
+    ingress filter wanted) and its counters (``read_counters``, ``read_bypass``); keeps
+    ``_attached``, ``_created_clsact``, ``_reattached``, ``_recreated``, ``_ahead``,
+    ``_attach_error``, ``_prio`` (where our egress filter is), ``_filter_ahead``, ``_reasserted``
+    and ``_unseen``."""
 
     def attach(self) -> None:
         """Add clsact (unless present) and our egress filter, replacing an earlier one of ours;
@@ -52,12 +62,12 @@ class Attachment:
             if not self._has_clsact():
                 self._ipr.tc("add", "clsact", self._ifindex)
                 self._created_clsact = True
-            elif self._filters() and all(_is_ours(f) for f in self._filters()):
+            elif self._filters() and all(self._is_ours(f) for f in self._filters()):
                 # an agent killed before it could detach left its clsact with only
                 # its filter on it: ours to replace now and to remove on detach
                 self._created_clsact = True
-            self._ipr.tc("replace-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=EGRESS_PARENT,
-                         prio=FILTER_PRIO, fd=self._fn.fd, name=FILTER_NAME, direct_action=True)
+            self._prio = self._left_prio()
+            self._add_egress(self._prio)
             self._set_ingress(self._bans_anywhere())
         except NetlinkError as e:
             if e.code == errno.ENODEV:      # deleted between the lookup and now: not the kernel's lack
@@ -74,7 +84,7 @@ class Attachment:
             self._attached = self._created_clsact = False
             return
         try:
-            self._del_filter(EGRESS_PARENT)
+            self._del_filter(EGRESS_PARENT, self._prio)
             self._del_filter(INGRESS_PARENT)
             if self._created_clsact and not self._other_filters():
                 self._ipr.tc("del", "clsact", self._ifindex)
@@ -139,10 +149,15 @@ class Attachment:
     @property
     def attachment(self) -> dict:
         """For the agent's status: state attached|failed|detached, re-attach count, last error,
-        the interface's index and how often it was found made again under its name."""
+        the interface's index and how often it was found made again under its name, the
+        prios of others' filters ahead of ours, our pref and how often it moved ahead of
+        them, and the rate the interface sent that the program never counted (bits/s) and
+        whether it is past the tolerance (agent/kernel/unseen.py)."""
         state = "failed" if self._attach_error else "attached" if self._attached else "detached"
         return {"state": state, "reattached": self._reattached, "error": self._attach_error,
-                "ifindex": self._ifindex, "recreated": self._recreated, "ahead": list(self._ahead)}
+                "ifindex": self._ifindex, "recreated": self._recreated, "ahead": list(self._ahead),
+                "pref": self._prio, "reasserted": self._reasserted, "unseen_bps": round(self._unseen.bps),
+                "unseen": self._unseen.on}
 
     def _has_clsact(self) -> bool:
         try:
@@ -154,21 +169,81 @@ class Attachment:
         """Our program at our prio/handle on clsact egress (and ingress, while a class bans):
         one dump each on the raw netlink socket (a missing clsact or interface dumps nothing)."""
         try:
-            prog, ahead = _dump_filters(self._nl, self._ifindex)
-            self._note_ahead(ahead)
-            if prog != self._prog_id:
+            egress = filters.dump(self._nl, self._ifindex, _EGRESS)
+            ours = filters.find(egress, self._prio, FILTER_HANDLE)
+            if ours is None or ours.prog != self._prog_id:
                 return False
-            return not self._bans_anywhere() or \
-                _dump_filters(self._nl, self._ifindex, INGRESS_PARENT)[0] == self._in_prog_id
+            ahead = filters.ahead(egress, self._prio, FILTER_HANDLE)
+            if ahead and self._filter_ahead == "reassert":
+                ahead = self._reassert(egress, ahead)
+            self._note_ahead(ahead)
+            self._watch_unseen()
+            if not self._bans_anywhere():
+                return True
+            ingress = filters.find(filters.dump(self._nl, self._ifindex, _INGRESS), FILTER_PRIO, FILTER_HANDLE)
+            return ingress is not None and ingress.prog == self._in_prog_id
         except OSError:
             return False
+
+    def _reassert(self, egress: list, ahead: tuple[int, ...]) -> tuple[int, ...]:
+        """Ours added again where it runs before every other egress filter (the old one removed
+        after, so that no packet passes unlimited in between, except at the same pref); what is
+        still ahead afterwards: ``ahead`` if no pref runs first or the kernel refused."""
+        to = filters.place(egress, self._prio, FILTER_HANDLE)
+        if to is None:
+            return ahead
+        old = self._prio
+        try:
+            if to == old:                          # pref 1 in a cls_bpf of others: ours to the head
+                self._del_filter(EGRESS_PARENT, old)
+            self._add_egress(to)
+            self._prio = to
+            if to != old:
+                self._del_filter(EGRESS_PARENT, old)
+        except NetlinkError as e:
+            log.error("reassert_failed", iface=self.iface, prios=",".join(map(str, ahead)), error=e.args[-1])
+            return ahead
+        self._reasserted += 1
+        log.warning("filter_reasserted", iface=self.iface, prios=",".join(map(str, ahead)), old=old, ours=to,
+                    times=self._reasserted)
+        return ()
+
+    def _left_prio(self) -> int:
+        """Where an egress filter of ours already is (this agent's, or a killed one's it moved
+        ahead of others): replaced in place it keeps its position; else FILTER_PRIO."""
+        try:
+            egress = filters.dump(self._nl, self._ifindex, _EGRESS)
+        except OSError:
+            return FILTER_PRIO
+        return next((f.prio for f in egress if f.handle == FILTER_HANDLE and f.kind == "bpf"
+                     and f.name == FILTER_NAME), FILTER_PRIO)
+
+    def _add_egress(self, prio: int) -> None:
+        self._ipr.tc("replace-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=EGRESS_PARENT,
+                     prio=prio, fd=self._fn.fd, name=FILTER_NAME, direct_action=True)
+
+    def _watch_unseen(self) -> None:
+        """Once a window: the interface's tx bytes against the program's counts; log a change."""
+        now = time.monotonic()
+        if not self._unseen.due(now):
+            return
+        counts = {i: c.passed_bytes for i, c in self.read_counters().items()}
+        counts["bypass"] = self.read_bypass().passed_bytes
+        if not self._unseen.observe(now, self._ifindex, rtnetlink.tx_bytes(self._nl, self._ifindex), counts):
+            return
+        if self._unseen.on:
+            log.warning("unseen_traffic", iface=self.iface, unseen_bps=round(self._unseen.bps),
+                        error="bytes left the interface that drl's program never counted: they bypass the limit")
+        else:
+            log.info("unseen_traffic_gone", iface=self.iface)
 
     def _note_ahead(self, ahead: tuple[int, ...]) -> None:
         """Log when filters of others start or stop running before ours on egress."""
         if ahead == self._ahead:
             return
         if ahead:
-            log.warning("filter_ahead", iface=self.iface, prios=",".join(map(str, ahead)), ours=FILTER_PRIO,
+            log.warning("filter_ahead", iface=self.iface, prios=",".join(map(str, ahead)), ours=self._prio,
+                        reassert=self._filter_ahead == "reassert",
                         error="what these egress filters classify never reaches drl's and is not limited")
         else:
             log.info("filter_ahead_gone", iface=self.iface)
@@ -182,9 +257,9 @@ class Attachment:
         else:
             self._del_filter(INGRESS_PARENT)
 
-    def _del_filter(self, parent: str) -> None:
+    def _del_filter(self, parent: str, prio: int = FILTER_PRIO) -> None:
         try:
-            self._ipr.tc("del-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=parent, prio=FILTER_PRIO)
+            self._ipr.tc("del-filter", "bpf", self._ifindex, FILTER_HANDLE, parent=parent, prio=prio)
         except NetlinkError as e:
             if e.code != errno.ENOENT:  # someone removed our filter already, or it was never there
                 raise
@@ -197,41 +272,17 @@ class Attachment:
         """Did someone add filters to the clsact we created (then it stays)?"""
         return bool(self._filters())
 
+    def _is_ours(self, f) -> bool:
+        """Part of what attach() made: our priority (tcm_info = prio << 16 | protocol), with our
+        handle or handle 0 (the kernel also lists the priority itself as a handle-0 entry)."""
+        return f["handle"] in (0, FILTER_HANDLE) and f["info"] >> 16 in (FILTER_PRIO, self._prio)
+
 
 def _gone(iface: str) -> str:
     return f"interface {iface} is gone; waiting for it to come back"
 
 
-def _is_ours(f) -> bool:
-    """Part of what attach() made: our priority (tcm_info = prio << 16 | protocol), with our
-    handle or handle 0 (the kernel also lists the priority itself as a handle-0 entry)."""
-    return f["handle"] in (0, FILTER_HANDLE) and f["info"] >> 16 == FILTER_PRIO
-
-
-# rtnetlink, for the per-tick check (ensure_attached): pyroute2 takes ~0.2 ms to dump the
-# egress filters and does not decode TCA_BPF_ID; this reads the one id in ~30 us.
-_RTM_NEWTFILTER, _RTM_GETTFILTER = 44, 46
-
-
-def _dump_filters(sock: socket.socket, ifindex: int, parent: str = EGRESS_PARENT) -> tuple[int | None, tuple[int, ...]]:
-    """The program id of the bpf filter at our prio/handle on clsact egress (or ``parent``), or
-    None; and the prios of the filters there that run before it (tc runs them by prio, and
-    the first that classifies a packet ends the walk)."""
-    seq = rtnetlink.send(sock, _RTM_GETTFILTER, _NLM_F_DUMP,
-                         _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, int(parent.replace(":", ""), 16), 0))
-    found, ahead = None, set()
-    for kind, body in rtnetlink.replies(sock, seq):     # an error reply raises OSError: the caller's False
-        if kind != _RTM_NEWTFILTER:
-            continue
-        _, _, handle, _, info = _TCMSG.unpack_from(body)
-        if info >> 16 < FILTER_PRIO:
-            ahead.add(info >> 16)
-        if handle == FILTER_HANDLE and info >> 16 == FILTER_PRIO:
-            attrs = _attrs(body, _TCMSG.size, len(body))
-            bpf = _attrs(attrs.get(_TCA_OPTIONS, b""), 0, len(attrs.get(_TCA_OPTIONS, b"")))
-            if attrs.get(_TCA_KIND, b"").rstrip(b"\0") == b"bpf" and len(bpf.get(_TCA_BPF_ID, b"")) == 4:
-                found = int.from_bytes(bpf[_TCA_BPF_ID], sys.byteorder)
-    return found, tuple(sorted(ahead))
+_EGRESS, _INGRESS = 0xFFFFFFF3, 0xFFFFFFF2
 
 
 def open_link(iface: str, netns: str | None) -> tuple[IPRoute, socket.socket, int]:

@@ -26,7 +26,7 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
 
 * ``Datapath(iface, classes=(), *, class_ids=None, max_flows=4096, max_classes=4096,
   max_clients=abi.MAX_CLIENTS, gossip_port=None, gossip_mark=abi.GOSSIP_MARK, registry_port=None, drop_action="stolen",
-  floor_rate_Bps=FLOOR_RATE_Bps, netns=None, exclusive=False)``
+  floor_rate_Bps=FLOOR_RATE_Bps, netns=None, exclusive=False, filter_ahead="reassert")``
   compiles and loads, then ``set_rules(zip(classes, class_ids))`` (class_ids
   default 0, 1, ...: several rules may feed one class); no classes = every
   IP packet is class 0.  UDP from ``gossip_port`` that carries ``gossip_mark``
@@ -55,8 +55,11 @@ Interface (all rates bytes/s, sizes bytes, times seconds unless named _ns):
   a failed re-attach logs once and shows in ``attachment`` (state
   ``failed``; "interface eth0 is gone; ..." while none has the name), and is
   tried again on the next call.
+  Another tool's egress filter found running before ours is reported, and with
+  ``filter_ahead="reassert"`` ours is added again ahead of it (agent/kernel/filters.py).
 * ``attachment``: ``{"state": "attached"|"failed"|"detached", "reattached": N,
-  "error": None|str, "ifindex": N, "recreated": N}`` for the agent's status.
+  "error": None|str, "ifindex": N, "recreated": N, "ahead": [pref, ...], "pref": N,
+  "reasserted": N, "unseen_bps": N, "unseen": bool}`` for the agent's status.
 * ``set_class(class_id, mode, rate_Bps=0, burst_bytes=None, drop_probability=0.0,
   safe_rate_Bps=None, timeout_s=None, quota_bytes=None, shadow=False, shape_prio=0,
   safe_burst_bytes=None)``: one write, stamped
@@ -104,7 +107,8 @@ from drl.agent import abi
 from drl.agent.classes.spec import ClassRule
 from drl.agent.clients.rules import Client, ClientRule
 from drl.agent.kernel import caps, loader, lock
-from drl.agent.kernel.attach import FILTER_HANDLE, FILTER_NAME, FILTER_PRIO, INGRESS_NAME, Attachment, open_link
+from drl.agent.kernel.attach import (FILTER_AHEAD, FILTER_HANDLE, FILTER_NAME, FILTER_PRIO, INGRESS_NAME, Attachment,
+                                     open_link)
 from drl.agent.kernel.bucket import bucket_times
 from drl.agent.kernel.class_maps import FLOOR_RATE_Bps, ClassMaps, Counters, default_burst
 from drl.agent.kernel.classify import EMPTY
@@ -112,6 +116,7 @@ from drl.agent.kernel.client_maps import ClientMaps
 from drl.agent.kernel.flows import FlowKey, FlowMaps, FlowSample
 from drl.agent.kernel.maps import DatapathError, now_ns
 from drl.agent.kernel.rule_maps import RuleMaps
+from drl.agent.kernel.unseen import UnseenMeter
 
 # What other modules, tests and benches import from here, wherever it is defined now
 __all__ = ["Datapath", "DatapathError", "Counters", "FlowKey", "FlowSample", "now_ns", "default_burst",
@@ -130,10 +135,12 @@ class Datapath(Attachment, ClassMaps, RuleMaps, ClientMaps, FlowMaps):
                  max_flows: int = abi.MAX_FLOWS, max_classes: int = abi.MAX_CLASSES, max_clients: int = abi.MAX_CLIENTS,
                  gossip_port: int | None = None, gossip_mark: int = abi.GOSSIP_MARK, registry_port: int | None = None,
                  drop_action: str = "stolen", floor_rate_Bps: int = FLOOR_RATE_Bps, netns: str | None = None,
-                 exclusive: bool = False):
+                 exclusive: bool = False, filter_ahead: str = "reassert"):
         _check_privileges()
         if drop_action not in abi.DROP_ACTIONS:
             raise DatapathError(f"drop action {drop_action!r}: use one of {', '.join(abi.DROP_ACTIONS)}")
+        if filter_ahead not in FILTER_AHEAD:
+            raise DatapathError(f"filter ahead {filter_ahead!r}: use one of {', '.join(FILTER_AHEAD)}")
         rules = list(classes) or [ClassRule()]
         class_ids = list(range(len(rules)) if not classes or class_ids is None else class_ids)
         if len(class_ids) != len(rules):
@@ -166,6 +173,10 @@ class Datapath(Attachment, ClassMaps, RuleMaps, ClientMaps, FlowMaps):
         self._reattached = 0
         self._recreated = 0                         # times the interface came back under a new index
         self._ahead: tuple[int, ...] = ()          # prios of others' egress filters that run before ours
+        self._prio = FILTER_PRIO                    # where our egress filter is (moved ahead of others')
+        self._filter_ahead = filter_ahead
+        self._reasserted = 0
+        self._unseen = UnseenMeter()
         self._attach_error: str | None = None
         self._netns = netns
         gossip_port, gossip_mark = _gossip_exemption(gossip_port, gossip_mark)

@@ -43,7 +43,8 @@ class FakeDatapath:
 
     @property
     def attachment(self):
-        return {"state": "attached" if self.attached else "detached", "reattached": 0, "error": None}
+        return {"state": "attached" if self.attached else "detached", "reattached": 0, "error": None, "ahead": [],
+                "unseen_bps": 0, "unseen": False}
 
     def close(self, detach=True):
         self.closed = True

@@ -139,3 +139,21 @@ def drain(sock: socket.socket) -> int:
             if e.errno != errno.ENOBUFS:
                 raise
         n += 1
+
+
+# The interface's tx byte counter for agent/kernel/unseen.py: RTM_GETSTATS of the 64-bit link
+# stats alone (~100 bytes back; a RTM_GETLINK answers with every attribute of the link)
+RTM_NEWSTATS, RTM_GETSTATS = 92, 94
+IFLA_STATS_LINK_64 = 1
+IF_STATS_MSG = struct.Struct("=BBHII")       # if_stats_msg: family, pad, pad, ifindex, filter_mask
+_TX_BYTES = struct.Struct("=Q")             # rtnl_link_stats64: rx_packets, tx_packets, rx_bytes, tx_bytes, ...
+
+
+def tx_bytes(sock: socket.socket, ifindex: int) -> int:
+    """Bytes the interface has sent (rtnl_link_stats64.tx_bytes); OSError if it is gone."""
+    body = IF_STATS_MSG.pack(socket.AF_UNSPEC, 0, 0, ifindex, 1 << (IFLA_STATS_LINK_64 - 1))
+    for kind, reply in list(replies(sock, send(sock, RTM_GETSTATS, NLM_F_ACK, body))):    # the reply, then the ACK
+        stats = attrs(reply, IF_STATS_MSG.size, len(reply)).get(IFLA_STATS_LINK_64, b"")
+        if kind == RTM_NEWSTATS and len(stats) >= 32:
+            return _TX_BYTES.unpack_from(stats, 24)[0]
+    raise OSError(0, "netlink: no link stats in the reply")

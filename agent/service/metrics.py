@@ -216,6 +216,10 @@ def agent_metrics(snap: Published) -> Iterator[Metric]:
                             "liveness timeout): each keeps a share of every class", value=len(st.get("unseen_peers", ())))
     yield GaugeMetricFamily("drl_datapath_filters_ahead", "Priorities of other egress filters that run before "
                             "drl's: what they classify is not limited", value=len(st["datapath"].get("ahead", ())))
+    yield CounterMetricFamily("drl_datapath_filter_reasserted", "Times drl's egress filter was added again ahead of "
+                              "another tool's that ran before it", value=st["datapath"].get("reasserted", 0))
+    yield GaugeMetricFamily("drl_datapath_unseen_bps", "Bits/s the interface sent that drl's program never counted, "
+                            "over the last second: traffic that bypasses the limit", value=st["datapath"].get("unseen_bps", 0))
     yield CounterMetricFamily("drl_datapath_iface_recreated", "Times the interface was found deleted and made "
                               "again under its name, and the filter moved to it", value=st["datapath"].get("recreated", 0))
     if st["registry"] is not None:

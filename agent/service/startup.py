@@ -69,7 +69,8 @@ def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:
     ``exclusive``: one agent per interface (agent/kernel/lock.py)."""
     return Datapath(cfg.iface, max_flows=cfg.max_flows, max_classes=cfg.max_classes, max_clients=cfg.max_clients,
                     gossip_port=gossip_port, gossip_mark=cfg.gossip_mark,
-                    registry_port=cfg.registry.endpoints[0][1] if cfg.registry else None, exclusive=True)
+                    registry_port=cfg.registry.endpoints[0][1] if cfg.registry else None, exclusive=True,
+                    filter_ahead=cfg.filter_ahead)
 
 
 def kernel_shaper(cfg: Config) -> Shaper:

@@ -55,6 +55,7 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "state_dir": ("/tmp/drl-state", "/tmp/drl-state"),
     "gossip_mark": ("0x42", 0x42),
     "log_format": ("json", "json"),
+    "filter_ahead": ("warn", "warn"),
     "metrics": ("10.0.0.1:9470", "10.0.0.1:9470"),
     "registry": ("etcd://10.0.0.9:2379,10.0.0.10:2379", ["etcd://10.0.0.9:2379", "10.0.0.10:2379"]),
     "cluster": ("prod", "prod"),

@@ -110,9 +110,13 @@ def _filter_msg(seq: int, handle: int, prio: int, kind: bytes, prog_id: int | No
 
 
 def test_the_egress_dump_finds_our_programs_id_and_the_filters_ahead_of_it():
-    from drl.agent.kernel.attach import FILTER_HANDLE, FILTER_PRIO, _dump_filters
-    assert _dump_filters(FakeNetlink([]), 2) == (None, ())
+    from drl.agent.kernel import filters
+    from drl.agent.kernel.attach import FILTER_HANDLE, FILTER_PRIO
+    assert filters.dump(FakeNetlink([]), 2, 0xFFFFFFF3) == []
     found = [(0, FILTER_PRIO, b"bpf", None), (FILTER_HANDLE, 7, b"bpf", 11), (0, 7, b"bpf", None),
              (0x800, 1, b"u32", None), (FILTER_HANDLE, FILTER_PRIO, b"bpf", 42), (1, FILTER_PRIO + 1, b"u32", None)]
-    assert _dump_filters(FakeNetlink(found), 2) == (42, (1, 7))       # behind ours (prio 210) runs never
-    assert _dump_filters(FakeNetlink([(FILTER_HANDLE, FILTER_PRIO, b"u32", 42)]), 2) == (None, ())
+    dumped = filters.dump(FakeNetlink(found), 2, 0xFFFFFFF3)
+    assert filters.find(dumped, FILTER_PRIO, FILTER_HANDLE).prog == 42
+    assert filters.ahead(dumped, FILTER_PRIO, FILTER_HANDLE) == (1, 7)       # behind ours (prio 210) runs never
+    dumped = filters.dump(FakeNetlink([(FILTER_HANDLE, FILTER_PRIO, b"u32", 42)]), 2, 0xFFFFFFF3)
+    assert filters.find(dumped, FILTER_PRIO, FILTER_HANDLE).prog is None     # not a bpf program: no id
