@@ -112,8 +112,8 @@ def test_agents_find_each_other_join_and_leave_through_etcd(fleet):
     print(f"measured: 3 agents {rate3 / 1e6:.2f} Mbit/s; 4th seen by all in {took:.2f} s, then "
           f"{total4 / 1e6:.2f} Mbit/s with its local limit {st4['local_limit_bps'] / 1e6:.2f}; "
           f"SIGKILLed one dropped after {gone:.2f} s")
-    for c in clients + clients4:
-        c.wait()
+    for c in clients + clients4:  # -t is an upper bound: every phase above ends on its own
+        c.stop()
 
 
 def test_limit_holds_while_etcd_is_down_and_a_change_made_meanwhile_lands(fleet):
@@ -126,14 +126,15 @@ def test_limit_holds_while_etcd_is_down_and_a_change_made_meanwhile_lands(fleet)
 
     etcd.stop()
     t0 = time.monotonic()
-    down = sink_rate_bps(sink, 18)      # most of a 20-s outage
+    # 12 s: over two lease TTLs (5 s) and many of the 1-s longest retry waits (BACKOFF_S)
+    down = sink_rate_bps(sink, 10)      # most of the outage
     reply = request(agents[0].socket, "set", timeout_s=3.0, **{"class": "default", "global": "6mbit"})
     assert reply["registry"] == "pending" and "registry: pending" in render_set(reply), reply
     for a in agents:
         st = a.wait_for(lambda s: members(s) == 3, 2)      # a peer stale for a stall's moment comes back
         assert st["registry"]["state"] == "unreachable" and members(st) == 3, (st["registry"], st["peers"])
         assert st["global_limit_bps"] == LIMIT       # nothing applied while etcd is away
-    time.sleep(max(0.0, 20 - (time.monotonic() - t0)))
+    time.sleep(max(0.0, 12 - (time.monotonic() - t0)))
     assert within(down, LIMIT, 0.10), down
 
     etcd.start()
@@ -144,8 +145,8 @@ def test_limit_holds_while_etcd_is_down_and_a_change_made_meanwhile_lands(fleet)
     after = sink_rate_bps(sink, 5)
     assert within(after, 6e6, 0.10), after
     print(f"measured: {down / 1e6:.2f} Mbit/s while etcd was down, {after / 1e6:.2f} after the set landed")
-    for c in clients:
-        c.wait()
+    for c in clients:            # -t is an upper bound: every phase above ends on its own
+        c.stop()
 
 
 GDRL_CLASS = """\
@@ -229,12 +230,12 @@ def test_sixteen_agents_from_etcd_eight_sending_hold_the_envelope_and_use_the_li
     with RxMeter(sink) as meter:
         start = time.monotonic()
         with StatusPoller(agents, start, period_s=0.5):
-            for c in senders(lab, hosts[:8], seconds=20):
+            for c in senders(lab, hosts[:8], seconds=14):
                 c.wait()
         end = time.monotonic()
     series = meter.series(start, end)
     env = envelope(series, 0.1, limit_Bps, d)
-    used = mean(series[30:190]) / limit_Bps           # from 3 s in: FPS has moved the idle hosts' shares
+    used = mean(series[30:130]) / limit_Bps           # from 3 s in: FPS has moved the idle hosts' shares
     worst = max(sum(series[k:k + 10]) * 0.1 for k in range(len(series) - 9))   # worst 1-s window, bytes
     seconds = [round(x / limit_Bps, 3) for x in rebin(series, 10)]
     # the local limits' sum every 0.5 s (each agent's latest status by then): over G, the hosts may pass more
