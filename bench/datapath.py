@@ -29,12 +29,13 @@ Parts, each measured side by side in one run (never against an old number):
   mix       which enforcement is the default: at 20 Mbit/s of h2's egress, 2 bulk curl downloads
             and 150 fetches of 10 KB (ab -c 1) from nginx on h2, a ping every 50 ms, for drl
             police, drl shape and tbf one after the other: fetch latency p50/p99, TCP
-            retransmissions on the sender, bulk goodput, ping loss.
+            retransmissions on the sender, bulk goodput, ping loss; goal shape p99 <= tbf's.
   outside   64-byte UDP outside every class, an agent in shape and in police mode over no agent,
             rounds alternating; goal >= 0.95.
   roots     a root qdisc the interface had (mq, tbf, pfifo_fast, ...) on a veth of 2 tx queues:
             what shape mode makes of it and whether it comes back.
 The limiter counts L2 frame bytes like tbf (skb wire length); see bpf/limiter.c.
+``--cc cubic,bbr`` runs every part once per congestion control of the senders.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def say(msg: str) -> None:
     print(msg, flush=True)
 
 
-CC = "cubic"  # --cc
+CC = "cubic"  # the senders' congestion control in the part being run (--cc)
 
 
 def goodput(h1, srv, seconds: float, streams: int) -> float:
@@ -353,7 +354,7 @@ def ping_stats(out: str) -> dict:
             "ping_max_ms": float(rtt.group(2)) if rtt else None}
 
 
-def part_mix(net, srv, seconds: float) -> list[dict]:
+def part_mix(net, srv, seconds: float, modes=("police", "shape", "tbf")) -> list[dict]:
     """police, shape and tbf one after the other at 20 Mbit/s of h2's egress: MIX_BULK curl
     downloads from nginx on h2 and, MIX_LEAD_S into them, ``ab -c 1`` of MIX_FETCHES files of
     10 KB from the same nginx and a ping every 50 ms: fetch latency, TCP retransmitted segments
@@ -362,7 +363,7 @@ def part_mix(net, srv, seconds: float) -> list[dict]:
     rows = []
     files = {"10k.bin": MIX_FETCH_BYTES, "bulk.bin": 1 << 30}
     with nginx_on(h2, h1, files) as base:
-        for how in ("police", "shape", "tbf"):
+        for how in modes:
             with limited(h2, how, MIX_RATE_BPS) as drops:
                 d0, r0 = drops(), retransmitted(h2)
                 bulk = [h1.popen("curl", "-s", "-o", "/dev/null", "--max-time", str(MIX_BULK_S),
@@ -371,16 +372,19 @@ def part_mix(net, srv, seconds: float) -> list[dict]:
                 time.sleep(MIX_LEAD_S)
                 ping = h1.popen("ping", "-q", "-i", "0.05", "-w", str(MIX_BULK_S - 2 * MIX_LEAD_S), h2.addr4,
                                 capture=True)
-                row = {"mode": how, **ab_run(h1, f"{base}/10k.bin", 1, MIX_FETCHES)}
+                row = {"mode": how, "cc": CC, **ab_run(h1, f"{base}/10k.bin", 1, MIX_FETCHES)}
                 row.update(ping_stats(ping.communicate(timeout=60)[0]))
                 got = [int(p.communicate(timeout=MIX_BULK_S + 30)[0] or 0) for p in bulk]
                 row.update(bulk_mbit=sum(got) * 8 / MIX_BULK_S / 1e6, drops=drops() - d0,
                            retransmitted=retransmitted(h2) - r0)
             rows.append(row)
-            say(f"mix {how:>6}: fetch p50 {row['p50_ms']:6.1f} ms  p99 {row['p99_ms']:7.1f} ms  "
+            say(f"mix {CC} {how:>6}: fetch p50 {row['p50_ms']:6.1f} ms  p99 {row['p99_ms']:7.1f} ms  "
                 f"max {row['max_ms']:7.1f} ms  failed {row['failed']}  retransmitted {row['retransmitted']:6}  "
                 f"drops {row['drops']:6}  bulk {row['bulk_mbit']:5.2f} Mbit/s  ping loss {row['ping_loss_pct']:.1f} %  "
                 f"avg {row['ping_avg_ms']} ms  max {row['ping_max_ms']} ms")
+    got = {r["mode"]: r for r in rows}
+    if {"shape", "tbf"} <= set(got):
+        say(f"mix {CC}: shape p99 / tbf's {got['shape']['p99_ms'] / max(1.0, got['tbf']['p99_ms']):.2f} (goal <= 1)")
     return rows
 
 
@@ -527,7 +531,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=list(PARTS), action="append", help="run only these parts")
     ap.add_argument("--seconds", type=float, default=6, help="iperf3 duration per measurement")
-    ap.add_argument("--cc", default=CC, help="TCP congestion control of the senders (default cubic)")
+    ap.add_argument("--cc", default=CC, help="TCP congestion control of the senders, comma-separated: "
+                    "every part runs once per entry (default cubic)")
     ap.add_argument("--rounds", type=int, default=3, help="packet: rounds per program and mix (attribution: +2)")
     ap.add_argument("--variants", default="", help=f"packet: also these builds, comma-separated "
                     f"({', '.join(v for v in per_packet.VARIANTS if v != 'limiter')})")
@@ -539,14 +544,15 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variant {', '.join(unknown)} (variants of an older revision are run from "
                  f"its own checkout)")
-    globals()["CC"] = args.cc
     PACKET_OPTIONS.update(rounds=args.rounds, before=args.before, variants=variants)
     started = time.monotonic()
     with Lab(pair(new_run("dp"))) as net:
         with iperf3_server(net.hosts[1]) as srv:
-            for name in args.part or list(PARTS):
-                say(f"== {name}")
-                PARTS[name](net, srv, args.seconds)
+            for cc in args.cc.split(","):
+                globals()["CC"] = cc
+                for name in args.part or list(PARTS):
+                    say(f"== {name} ({cc})")
+                    PARTS[name](net, srv, args.seconds)
     say(f"done in {time.monotonic() - started:.0f} s")
 
 
