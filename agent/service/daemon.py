@@ -178,12 +178,14 @@ class Agent:
         log.info("started", node=cfg.node_id, iface=cfg.iface, classes=len(self.table),
                  allocator=first.conf.allocator.name, global_bps=round(to_bps(self.book.get(first.name).global_Bps)),
                  peers=self.members.n_nodes - 1, listen=listen(self.transport.address),
-                 interval_ms=round(cfg.interval_s * 1000, 3), auth="hmac-sha256" if cfg.key else "none")
+                 interval_ms=round(cfg.interval_s * 1000, 3), auth="hmac-sha256" if cfg.key else "none",
+                 enforce=",".join(sorted({run.conf.enforce for run in self.table})))
         if cfg.standalone:
             log.info("standalone", gossip="off", reason="no_peers")
         defaulted = [run.conf for run in self.table if run.conf.policed_by_default]
         if defaulted:       # the default shapes; say why these are policed (config/build.py default_police_reason)
-            log.info("enforce_default_police", classes=len(defaulted), reason=defaulted[0].policed_by_default)
+            log.info("enforce_default_police", classes=len(defaulted), reason=defaulted[0].policed_by_default,
+                     mode="police", fix="--enforce shape (or enforce = \"shape\") queues them instead")
 
     def _tick_and_report(self, now: float, due: float) -> None:
         """One tick of the loop, and what watches it: systemd, the tick statistics, a scrape."""

@@ -97,7 +97,8 @@ def _limits(run: ClassRun, limit: Limit, d: Decision, local: Local, snap, n_node
         "local_limit_bps": to_bps(local_limit(d, local)),
         "safe_rate_bps": to_bps(safe_rate(run.conf, limit, n_nodes)),
         "burst_budget_bytes": burst_budget(run.conf, limit, n_nodes),     # D: the promise is G x T + D
-        "mode": d.mode.name.lower(), "shadow": run.conf.shadow, "enforce": run.conf.enforce}
+        "mode": d.mode.name.lower(), "shadow": run.conf.shadow, "enforce": run.conf.enforce,
+        "enforce_reason": run.conf.policed_by_default}     # why the default policed it; "" = not so
 
 
 def client_summary(cr: ClientRun | None, now: float) -> dict | None:

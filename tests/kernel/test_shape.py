@@ -19,6 +19,7 @@ import time
 import pytest
 
 from drl.agent.kernel.shaper import Shaper, handle
+from drl.cli.ctl import render
 from drl.lab.agents import READY_TIMEOUT_S, Agent, drl_agent, installed
 from drl.lab.measure import tc_show
 from drl.lab.metrics import within
@@ -156,11 +157,16 @@ def test_the_default_shapes_a_class_of_all_traffic_and_polices_one_that_leaves_t
     agent = cluster(net).start(h1, [], "static", "10mbit")
     st = agent.wait_for(lambda s: s["ticks"] >= 2, 5)
     assert st["classes"][0]["enforce"] == "shape" and HTB_ROOT.match(root_qdisc(h1)), root_qdisc(h1)
+    assert st["enforce_reason"] == "" and "enforce     shape\n" in render(st)
     assert agent.kill(signal.SIGTERM) == 0
     agent = cluster(net).start(h1, [], "static", "10mbit", "--class", "proto=udp")
     st = agent.wait_for(lambda s: s["ticks"] >= 2, 5)
     assert st["classes"][0]["enforce"] == "police" and root_qdisc(h1).startswith("qdisc noqueue 0: root")
-    assert "reason=\"traffic outside every class\"" in agent.log.read_text()
+    log = agent.log.read_text()
+    assert "reason=\"traffic outside every class\"" in log and "enforce=police" in log
+    # drlctl status says the mode and why, not only the log
+    assert st["classes"][0]["enforce_reason"] == "traffic outside every class"
+    assert "enforce     police  (the default polices: traffic outside every class;" in render(st)
     assert agent.kill(signal.SIGTERM) == 0
 
 

@@ -52,8 +52,8 @@ STATUS_KEYS = {
     "shadow",
     # etcd's state (null without --registry)
     "registry",
-    # police or shape; and whether its HTB class holds (false: policed instead)
-    "enforce", "shaped",
+    # police or shape; whether its HTB class holds (false: policed instead); why the default policed it
+    "enforce", "shaped", "enforce_reason",
     # per-client throttle and ban (the class's client rule and its refusals)
     "throttled_bytes", "throttled_packets", "banned_bytes", "banned_packets", "clients",
     # a class whose spec matched nothing while the interface carried traffic (null otherwise)
