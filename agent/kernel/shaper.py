@@ -25,7 +25,7 @@ class (police-only agents never touch the root qdisc)::
     └── d1d1:<id+1>  rate = ceil = local limit      one per shaped class; leaf bfifo <id+1>:
                      burst = cburst = the host's depth (agent/burst.py: 4 ms of the rate, at
                      least 66 KiB, within its share of the class's burst budget),
-                     bfifo limit = queue_limit(rate, burst)
+                     bfifo limit = queue_limit(rate, burst): the burst + 20 ms of the rate
 
 Pure parts (tested in tests/unit/kernel/test_shaper.py): :func:`handle`,
 :func:`leaf_handle`, :func:`shape_rate` (the slow-start floor police mode
@@ -72,8 +72,13 @@ UNLIMITED_Bps = 100e9 / 8        # the default class: far above what a host send
 # once, spends a shaped class's burst budget (100 ms of G) in 10 s (docs/agent.md "The promise")
 RATE_STEP = 0.01
 DOWN_STEP = 0.001
-# leaf bfifo limit: 50 ms at the rate on top of the burst, the queue of `tbf ... latency 50ms`
-QUEUE_TIME_S = 0.050
+# leaf bfifo limit: the burst (at least a whole 64 KiB GSO skb: a bfifo drops an skb that does not
+# fit, all its segments at once, and TCP then waits for a timer to send it again) and 20 ms of the
+# rate.  At 20 Mbit/s (bench/RESULTS.md "Shape's queue"): 50 ms (tbf's `latency 50ms`) put a 10 KB
+# fetch behind cubic bulk flows at p99 229 ms, tbf 179; 20 ms 119, tbf 176.  Shorter is worse with
+# BBR, whose flows at times fill any queue: 5 ms cost fetches 340-360 ms in those runs (local drops
+# and their timers), 20 ms 172; one GSO skb alone starved BBR's bulk flows to 1.3 of 20 Mbit/s
+QUEUE_TIME_S = 0.020
 # HTB's DRR quantum, given so the kernel does not derive it from rate/r2q (and warn when
 # that is out of 1000..200000); our classes never borrow, so it only sets the turn size
 QUANTUM = 60_000
@@ -111,7 +116,7 @@ def needs_update(current_Bps: float | None, wanted_Bps: float) -> bool:
 
 
 def queue_limit(rate_Bps: float, burst_bytes: int) -> int:
-    """Bytes the leaf bfifo holds: 50 ms at the rate plus the burst (tbf's latency 50ms)."""
+    """Bytes the leaf bfifo holds: QUEUE_TIME_S of the rate plus the burst (>= one GSO skb)."""
     return int(rate_Bps * QUEUE_TIME_S) + burst_bytes
 
 

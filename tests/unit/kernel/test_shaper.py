@@ -49,11 +49,11 @@ def test_a_rate_is_rewritten_when_it_falls_by_a_tenth_of_a_percent_or_rises_by_o
     assert needs_update(SLOW_START_Bps, 1_000_000)
 
 
-def test_burst_is_4ms_of_the_rate_but_at_least_a_gso_skb_and_the_queue_50ms_more():
+def test_burst_is_4ms_of_the_rate_but_at_least_a_gso_skb_and_the_queue_20ms_more():
     assert mode_depth(1.25e6, "shape") == SHAPE_FLOOR == 64 * 1024 + 1514       # 10 Mbit/s: 5 kB in 4 ms
     assert mode_depth(125e6, "shape") == 500_000                                 # 1 Gbit/s
-    assert queue_limit(1.25e6, SHAPE_FLOOR) == 62_500 + SHAPE_FLOOR
-    assert queue_limit(125e6, 500_000) == 6_250_000 + 500_000
+    assert queue_limit(2.5e6, SHAPE_FLOOR) == 50_000 + SHAPE_FLOOR               # 20 Mbit/s: 47 ms (tbf's 77)
+    assert queue_limit(125e6, 500_000) == 2_500_000 + 500_000                    # 1 Gbit/s: 24 ms
 
 
 # -- the option --------------------------------------------------------------------------
