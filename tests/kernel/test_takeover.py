@@ -328,7 +328,9 @@ def test_a_foreign_filter_ahead_of_ours_is_reported_within_a_tick_and_its_remova
     assert bypass > 1.5 * 10e6, bypass
     assert within(unseen_bps, bypass, 0.15), (unseen_bps, bypass)
     assert within(held, 10e6, 0.10), held
-    assert not st["datapath"]["unseen"] and st["datapath"]["unseen_bps"] < unseen.FLOOR_Bps * 8, st["datapath"]
+    # the warning's own rule (agent/kernel/unseen.py): gone, and what is left of the last
+    # second's comparison (a CI run measured 0.19 Mbit/s) far below the 5 % it warns at
+    assert not st["datapath"]["unseen"] and st["datapath"]["unseen_bps"] < 0.05 * held, st["datapath"]
 
 
 def test_the_agent_moves_its_filter_ahead_of_a_foreign_one_and_holds_the_limit_again(net3, agents):
