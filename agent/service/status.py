@@ -29,7 +29,7 @@ def agent_status(agent: "Agent", now: float) -> dict:
     """drlctl status --json: the agent, each class under ``classes``, and at the top
     level the first class (``default`` when there is one) as before classes existed."""
     cfg = agent.cfg
-    shaped = agent.shaper.rates         # once: the shaper's is a copy, and 20,000 copies took minutes
+    shaped = agent.shaper.rates         # once: it is a copy; once a class, 20,000 classes took ~25 s
     classes = [class_status(agent, run, shaped) for run in agent.table]
     first = next((c for c in classes if c["name"] == "default"), classes[0])
     out = {"node_id": cfg.node_id, "interface": cfg.iface, "interval_s": cfg.interval_s,
