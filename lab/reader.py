@@ -109,14 +109,14 @@ def _matrix(t: "_Table") -> Matrix | None:
     if not t.data:
         return None
     splits = []
-    for text in t.text_list("splits"):
+    for text in t.text_list("splits", "splits like '1:3:6'"):
         split = tuple(int(n) for n in text.split(":")) if SPLIT.fullmatch(text) else ()
         if not (1 <= len(split) <= MAX_SPLIT_HOSTS and all(1 <= n <= MAX_SPLIT_FLOWS for n in split)):
             raise t.error("splits", f"{text!r}: expected flows per limiter like '1:3:6', "
                                     f"1-{MAX_SPLIT_HOSTS} limiters of 1-{MAX_SPLIT_FLOWS} flows")
         splits.append(split)
     bounds = {k: t.number(k, lo=0, hi=1) for k in ("max_share_error", "min_jain") if k in t.data}
-    m = Matrix(tuple(splits), tuple(t.text_list("congestion_control")),
+    m = Matrix(tuple(splits), tuple(t.text_list("congestion_control", "congestion control names")),
                tuple(t.text_list("enforce", choices=("default", "shape", "police"))), **bounds)
     t.finish()
     return m
@@ -489,23 +489,19 @@ class _Table:
         return value
 
     def host_list(self, key) -> list[str]:
-        value = self._get(key, _REQUIRED)
-        if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
-            raise self.error(key, f"expected a non-empty list of host names, got {value!r}")
-        return value
+        return self.text_list(key, "host names")
 
-    def text_list(self, key, choices=None) -> list[str]:
+    def text_list(self, key, what="strings", choices=None) -> list[str]:
+        """A non-empty list of strings (of ``choices`` only, when given)."""
         value = self._get(key, _REQUIRED)
         if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)
                 and (not choices or set(value) <= set(choices))):
-            want = f" of {', '.join(choices)}" if choices else ""
-            raise self.error(key, f"expected a non-empty list{want}, got {value!r}")
+            want = ", ".join(choices) if choices else what
+            raise self.error(key, f"expected a non-empty list of {want}, got {value!r}")
         return value
 
     def allocator_list(self, key) -> list[str]:
-        value = self._get(key, _REQUIRED)
-        if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
-            raise self.error(key, f"expected a non-empty list of allocator names, got {value!r}")
+        value = self.text_list(key, "allocator names")
         for name in value:
             check_allocator(name, lambda msg: self.error(key, msg))
         return value
