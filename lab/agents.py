@@ -180,14 +180,11 @@ def start_agents(lab: Lab, allocator: str, logs: Path) -> list[Agent]:
                           state_dir=str(lab.state / f"{host}.state"))
         log = logs / f"agent-{host}.log"
         agents.append(Agent(host, sock, lab.spawn(host, argv, log=log), log, argv=argv))
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    for a in agents:
-        a.wait_ready(deadline)
-    return agents
+    return ready(agents)
 
 
 class Cluster:
-    """Agents started one at a time on a code topology's hosts (kernel tests, benchmarks);
+    """Agents started on a code topology's hosts (kernel tests, benchmarks);
     sockets, logs and state files go to ``dir``, and the Lab stops the agents."""
 
     def __init__(self, lab: Lab, dir: Path, key_file: str | None = None):
@@ -200,35 +197,38 @@ class Cluster:
                        peers=[f"{p.name}@{p.addr4}:{GOSSIP_PORT}" for p in peers], key_file=self.key_file,
                        options=["--state-dir", str(self.dir), *extra])
 
+    def spawn(self, host: Host, peers: Sequence[Host] = (), allocator: str | None = "fps",
+              global_: str | None = "10mbit", *extra: str) -> Agent:
+        """Start host's agent; it answers once bcc has compiled (``Agent.wait_ready``)."""
+        log, argv = self.dir / f"{host.name}.log", self.argv(host, peers, allocator, global_, *extra)
+        return Agent(host.name, str(self.dir / f"{host.name}.sock"), host.popen(*argv, log=log), log, argv=argv)
+
     def start(self, host: Host, peers: Sequence[Host] = (), allocator: str | None = "fps",
               global_: str | None = "10mbit", *extra: str) -> Agent:
         """Start host's agent and wait until it answers."""
-        log = self.dir / f"{host.name}.log"
-        argv = self.argv(host, peers, allocator, global_, *extra)
-        proc = host.popen(*argv, log=log)
-        agent = Agent(host.name, str(self.dir / f"{host.name}.sock"), proc, log, argv=argv)
+        agent = self.spawn(host, peers, allocator, global_, *extra)
         agent.wait_ready(time.monotonic() + READY_TIMEOUT_S)
         return agent
 
     def start_mesh(self, hosts: Sequence[Host], allocator: str | None = "fps", global_: str | None = "10mbit",
                    *extra: str) -> list[Agent]:
-        """An agent on each of ``hosts``, every other one its peer."""
-        return [self.start(h, [p for p in hosts if p is not h], allocator, global_, *extra) for h in hosts]
+        """An agent on each of ``hosts``, every other one its peer, started together."""
+        return ready([self.spawn(h, [p for p in hosts if p is not h], allocator, global_, *extra) for h in hosts])
 
     def start_together(self, hosts: Sequence[Host], allocator: str | None = "fps", global_: str | None = "10mbit",
                        *extra: str) -> list[Agent]:
         """An agent on each of ``hosts`` with no peers given (they find each other by ``extra``'s
-        --registry), all started before any is waited for: a fleet's BPF compiles overlap."""
-        agents = []
-        for host in hosts:
-            log, argv = self.dir / f"{host.name}.log", self.argv(host, (), allocator, global_, *extra)
-            agents.append(Agent(host.name, str(self.dir / f"{host.name}.sock"), host.popen(*argv, log=log), log,
-                                argv=argv))
-        # one deadline for all: they compile side by side, so each takes about as long as all of them
-        deadline = time.monotonic() + READY_TIMEOUT_S * max(1.0, len(hosts) / 8)
-        for agent in agents:
-            agent.wait_ready(deadline)
-        return agents
+        --registry), started together."""
+        return ready([self.spawn(h, (), allocator, global_, *extra) for h in hosts])
+
+
+def ready(agents: list[Agent]) -> list[Agent]:
+    """``agents`` once every one answers: all were started before any is waited for, so their BPF
+    compiles overlap and each takes about as long as all of them (one deadline for all)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S * max(1.0, len(agents) / 8)
+    for agent in agents:
+        agent.wait_ready(deadline)
+    return agents
 
 
 class StatusPoller:
