@@ -9,15 +9,28 @@
 
 ``drlctl`` and ``drl-agent down`` are the clients (:func:`request`); the daemon
 owns a :class:`ControlServer` and polls it from its tick loop, so a request
-never races the allocator.
+never races the allocator.  A handler may answer with an iterator of bytes
+instead of a dict (``status``: 20,000 classes are ~17 MB of JSON and 1-2 s of
+work): its parts are drawn a slice at a time between ticks (``slices``,
+service/slices.py) and each is written as soon as it is made, so the loop is
+never away from its tick for long and the client reads as the reply grows.
 
 The socket is a way in (root only, but a stuck or hostile client is still a
 client), so the server never waits on one: every connection is non-blocking
 and sits in the server's own epoll set, whose descriptor is what the daemon's
 selector watches (``fileno``), so the loop only ever reads or writes what is
 already there.  A request is at most MAX_REQUEST bytes and ends at a newline
-or the client's shutdown; a connection that has not finished within
-CONN_TIMEOUT_S, or beyond the MAX_CONNS most recent, is closed.  Whatever the
+or the client's shutdown; a connection that has not sent it within
+CONN_TIMEOUT_S, or that has a reply to read and has read none of it for
+CONN_TIMEOUT_S, is closed (a reply still being made holds no clock).
+
+Connections are shed per peer process (SO_PEERCRED's pid: the socket is root's
+alone, so its uid tells no two clients apart): one peer holds at most
+MAX_PER_PEER connections, a new one beyond them closes that peer's oldest,
+and past MAX_CONNS in all the oldest of the peer holding the most is closed.
+Accepts are at most BACKLOG a wake-up.  So a process that opens connections as
+fast as it can only ever displaces its own, and the loop is not held by it.
+Whatever the
 bytes (too long, not JSON, nested past the parser's recursion limit, not an
 object) the reply is ``{"ok": false, "error": ...}``, and so is a handler's
 exception: a request can neither hold a tick nor stop the agent.
@@ -29,19 +42,24 @@ import os
 import select
 import socket
 import stat
+import struct
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Union
 
 from drl.agent import logs
+from drl.agent.service.slices import Slices
 
 MAX_REQUEST = 4096
 CONN_TIMEOUT_S = 5.0        # a client that has not sent its request (or read its reply) by then is dropped
-MAX_CONNS = 16              # connections in progress; a new one beyond them closes the oldest
+MAX_CONNS = 16              # connections in progress; a new one beyond them closes the busiest peer's oldest
+MAX_PER_PEER = 4            # connections in progress of one client process; beyond: its own oldest goes
 BACKLOG = 64                # connections waiting for accept(): pollers queue up while the agent compiles
-CONNECT_RETRY_S = 0.05      # a client's wait between tries while that queue is full
 
 log = logs.get_logger("drl.agent")
+
+Reply = Union[dict, Iterator[bytes]]    # a dict, or the JSON text's parts, made as they are drawn
+_PEERCRED = struct.Struct("3i")         # struct ucred: pid, uid, gid
 
 
 class ControlError(Exception):
@@ -52,23 +70,28 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
     """A connected socket, waiting up to ``timeout_s`` for room in the agent's accept queue.
 
     An agent that does not accept (compiling its program at start, or stopped) leaves the
-    connections it was sent in its queue, even those whose clients gave up; once the queue is
-    full, a Unix socket with a timeout fails connect() with EAGAIN at once instead of waiting."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(timeout_s)
+    connections it was sent in its queue, and another process may keep it full.  A socket with
+    a Python timeout is non-blocking, and connect() on a full queue fails at once (EAGAIN), so
+    a poller retrying every few ms loses to whoever refills the queue faster; a blocking
+    connect() bounded by SO_SNDTIMEO sleeps in the kernel and is woken by each accept."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout_s))
         try:
             s.connect(path)
-            return s
-        except BlockingIOError:
-            s.close()
-            if time.monotonic() + CONNECT_RETRY_S > deadline:
-                raise socket.timeout from None
-            time.sleep(CONNECT_RETRY_S)
-        except BaseException:
-            s.close()
-            raise
+        except BlockingIOError:        # SO_SNDTIMEO ran out with the queue still full
+            raise socket.timeout from None
+        s.settimeout(timeout_s)        # each read and write from here on: idle time, not the reply's length
+        return s
+    except BaseException:
+        s.close()
+        raise
+
+
+def _timeval(seconds: float) -> bytes:
+    """struct timeval; at least 1 us, since 0 would mean no limit."""
+    usec = max(1, round(seconds * 1e6))
+    return struct.pack("ll", usec // 1_000_000, usec % 1_000_000)
 
 
 def request(path: str, cmd: str, timeout_s: float = 3.0, **args) -> dict:
@@ -102,16 +125,25 @@ def request(path: str, cmd: str, timeout_s: float = 3.0, **args) -> dict:
 
 
 class _Conn:
-    """One client: its request as read so far, then its reply as left to write."""
-    __slots__ = ("sock", "since", "inbuf", "outbuf")
+    """One client: its request as read so far, then its reply as left to write (``streaming``
+    while a handler's parts are still being made)."""
+    __slots__ = ("sock", "peer", "since", "inbuf", "outbuf", "streaming", "closed")
 
-    def __init__(self, sock: socket.socket, since: float):
-        self.sock, self.since, self.inbuf, self.outbuf = sock, since, b"", None
+    def __init__(self, sock: socket.socket, peer: int, since: float):
+        self.sock, self.peer, self.since, self.inbuf = sock, peer, since, b""
+        self.outbuf: bytearray | None = None
+        self.streaming = self.closed = False
+
+    def idle(self, now: float) -> bool:
+        """Past its time: its request not sent, or its reply not read (a reply still to be made waits)."""
+        waiting = self.streaming and not self.outbuf
+        return not waiting and now - self.since > CONN_TIMEOUT_S
 
 
 class ControlServer:
     """Listens on ``path``; :meth:`handle_one` does what is ready when ``fileno()`` is readable:
-    accepts, reads, answers, writes, each without waiting."""
+    accepts, reads, answers, writes, each without waiting.  Streamed replies are jobs in
+    ``slices``, which the daemon runs between ticks."""
 
     def __init__(self, path: str):
         self.path = path
@@ -135,12 +167,14 @@ class ControlServer:
         self._epoll = select.epoll()
         self._epoll.register(self.sock.fileno(), select.EPOLLIN)
         self._conns: dict[int, _Conn] = {}       # by fd, oldest first
+        self.slices = Slices()
+        self.shed = 0                            # connections closed to make room (the caps)
 
     def fileno(self) -> int:
         """Readable when a client connects, sends, hangs up or may be written to."""
         return self._epoll.fileno()
 
-    def handle_one(self, handlers: dict[str, Callable[[dict], dict]]) -> None:
+    def handle_one(self, handlers: dict[str, Callable[[dict], Reply]]) -> None:
         """Everything that is ready now, without waiting for anything that is not."""
         now = time.monotonic()
         for fd, events in self._epoll.poll(0):
@@ -150,14 +184,14 @@ class ControlServer:
                 if events & (select.EPOLLERR | select.EPOLLHUP) and conn.outbuf is not None:
                     self._drop(conn)
                 elif conn.outbuf is None:
-                    self._read(conn, handlers)
+                    self._read(conn, handlers, now)
                 else:
-                    self._write(conn)
-        for conn in [c for c in self._conns.values() if now - c.since > CONN_TIMEOUT_S]:
+                    self._write(conn, now)
+        for conn in [c for c in self._conns.values() if c.idle(now)]:
             self._drop(conn)
 
     def _accept(self, now: float) -> None:
-        while True:
+        for _ in range(BACKLOG):       # a client connecting without end does not hold the loop
             try:
                 sock, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -166,12 +200,28 @@ class ControlServer:
                 log.warning("control_accept_failed", error=e.strerror)
                 return
             sock.setblocking(False)
-            while len(self._conns) >= MAX_CONNS:
-                self._drop(next(iter(self._conns.values())))
-            self._conns[sock.fileno()] = _Conn(sock, now)
+            peer = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[0]
+            self._make_room(peer)
+            self._conns[sock.fileno()] = _Conn(sock, peer, now)
             self._epoll.register(sock.fileno(), select.EPOLLIN)
 
-    def _read(self, conn: _Conn, handlers: dict[str, Callable[[dict], dict]]) -> None:
+    def _make_room(self, peer: int) -> None:
+        """Close the peer's oldest connection past MAX_PER_PEER, and past MAX_CONNS the oldest of
+        the peer holding the most: a client churning connections sheds its own, not others'."""
+        by_peer: dict[int, list[_Conn]] = {}
+        for conn in self._conns.values():
+            by_peer.setdefault(conn.peer, []).append(conn)
+        mine = by_peer.get(peer, [])
+        if len(mine) >= MAX_PER_PEER:
+            victim = mine[0]
+        elif len(self._conns) >= MAX_CONNS:
+            victim = max(by_peer.values(), key=len)[0]
+        else:
+            return
+        self.shed += 1
+        self._drop(victim)
+
+    def _read(self, conn: _Conn, handlers: dict[str, Callable[[dict], Reply]], now: float) -> None:
         try:
             data = conn.sock.recv(MAX_REQUEST + 1 - len(conn.inbuf))
         except (BlockingIOError, InterruptedError):
@@ -186,22 +236,57 @@ class ControlServer:
             return                      # more to come
         else:
             reply = answer(conn.inbuf, handlers)
-        conn.outbuf = json.dumps(reply).encode()
-        self._epoll.modify(conn.sock.fileno(), select.EPOLLOUT)
-        self._write(conn)
+        conn.since = now
+        if isinstance(reply, dict):
+            conn.outbuf = bytearray(json.dumps(reply).encode())
+            self._write(conn, now)
+        else:
+            conn.outbuf, conn.streaming = bytearray(), True
+            self._watch(conn)
+            self.slices.add(self._pump(conn, reply))
 
-    def _write(self, conn: _Conn) -> None:
+    def _pump(self, conn: _Conn, parts: Iterator[bytes]) -> Iterator[None]:
+        """A slices job: one part of ``parts`` a step, each written as far as the client takes it."""
         try:
-            sent = conn.sock.send(conn.outbuf)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
+            for part in parts:
+                if not conn.outbuf:
+                    conn.since = time.monotonic()      # the client's clock starts with something to read
+                conn.outbuf += part
+                self._write(conn, time.monotonic())
+                yield
+                if conn.closed:         # dropped meanwhile (it hung up, timed out, was shed): stop making it
+                    return
+        except Exception as e:          # a reply cut short; the client sees it unreadable
+            log.error("control_failed", error=f"{type(e).__name__}: {e}")
             self._drop(conn)
             return
-        conn.outbuf = conn.outbuf[sent:]
-        if not conn.outbuf:
+        finally:
+            conn.streaming = False
+        if not conn.closed:
+            self._write(conn, time.monotonic())
+
+    def _write(self, conn: _Conn, now: float) -> None:
+        if conn.outbuf:
+            try:
+                sent = conn.sock.send(conn.outbuf)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._drop(conn)
+                return
+            if sent:
+                del conn.outbuf[:sent]
+                conn.since = now
+        if not conn.outbuf and not conn.streaming:
             self._discard_unread(conn)
             self._drop(conn)
+        else:
+            self._watch(conn)
+
+    def _watch(self, conn: _Conn) -> None:
+        """Wake for it when it can be written to and there is something to write (an idle
+        streaming connection would wake the loop without end), else only on its hang-up."""
+        self._epoll.modify(conn.sock.fileno(), select.EPOLLOUT if conn.outbuf else 0)
 
     @staticmethod
     def _discard_unread(conn: _Conn) -> None:
@@ -215,6 +300,9 @@ class ControlServer:
                 return
 
     def _drop(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
         fd = conn.sock.fileno()
         self._conns.pop(fd, None)
         try:
@@ -234,8 +322,8 @@ class ControlServer:
             pass
 
 
-def answer(raw: bytes, handlers: dict[str, Callable[[dict], dict]]) -> dict:
-    """The reply to one request's bytes; never raises."""
+def answer(raw: bytes, handlers: dict[str, Callable[[dict], Reply]]) -> Reply:
+    """The reply to one request's bytes; never raises (a streamed reply's parts may: :meth:`ControlServer._pump`)."""
     try:
         req = json.loads(raw or b"{}")
     except RecursionError:              # "[[[[..." past the parser's recursion limit

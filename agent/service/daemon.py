@@ -32,7 +32,7 @@ import selectors
 import signal
 import socket
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from drl.agent import logs
 from drl.agent.cluster.limits import LimitBookError
@@ -47,13 +47,14 @@ from drl.agent.kernel.interface import DatapathPort, ShaperPort
 from drl.agent.service import commands
 from drl.agent.service.change_log import ChangeLog
 from drl.agent.service.class_table import Changes, StateFileError
-from drl.agent.service.control import ControlError
+from drl.agent.service.control import ControlError, Reply
 from drl.agent.service.drops import Drops
 from drl.agent.service.metrics import MetricsError, TickStats
 from drl.agent.service.notify import Notifier
 from drl.agent.service.signals import watch_signals
 from drl.agent.service.startup import acquire, kernel_datapath, kernel_shaper, tune_gc, udp_transport
-from drl.agent.service.status import agent_status, listen
+from drl.agent.service.slices import SLICE_S
+from drl.agent.service.status import agent_status, listen, status_parts, status_reply
 from drl.agent.service.tick import tick
 from drl.agent.service.tick_errors import TickErrors
 from drl.agent.service.unmatched import Unmatched
@@ -121,6 +122,7 @@ class Agent:
         self._stack.callback(self.notify.close)
         self.changes = ChangeLog()
         self.tick_stats = TickStats()
+        self._publishing = False     # a metrics snapshot is being made between ticks
         self.errors = TickErrors()
         self.drops = Drops()
         self.unmatched = Unmatched(self.cfg.iface)
@@ -160,8 +162,10 @@ class Agent:
                     self._tick_and_report(now, next_tick)
                     # a late tick is not made up: the next one is a whole interval away
                     next_tick = max(next_tick + cfg.interval_s, now + cfg.interval_s / 2)
-                for key, _ in sel.select(max(0.0, next_tick - time.monotonic())):
+                slices = self.control.slices    # replies and scrapes made between ticks (service/slices.py)
+                for key, _ in sel.select(0.0 if slices else max(0.0, next_tick - time.monotonic())):
                     key.data()
+                slices.run(min(next_tick, time.monotonic() + SLICE_S))
         except DatapathError as e:
             self.failed = True
             log.error("datapath_error", error=str(e))
@@ -193,9 +197,25 @@ class Agent:
         self.tick(now)
         self._notify_progress()
         done = time.monotonic()
-        self.tick_stats.observe(done - now, overran=done > due + self.cfg.interval_s)
-        if self.board.wanted:     # a scrape waits for this tick's state (agent/service/metrics.py)
-            self.board.publish(self.status())
+        self.tick_stats.observe(done - now, overran=done > due + self.cfg.interval_s, late_s=now - due)
+        if self.board.wanted and not self._publishing:   # a scrape waits for this tick's state (metrics.py)
+            self._publishing = True
+            self.control.slices.add(self._publish())
+
+    def _publish(self):
+        """A slices job: the status for the metrics, made a part at a time, then published."""
+        classes = []
+        try:
+            for part in status_parts(self):
+                if isinstance(part, dict):
+                    self.board.publish({**part, "classes": classes})
+                else:
+                    classes += part
+                    yield
+        except Exception as e:      # the scrape gets the last snapshot; the loop goes on
+            self.errors.record("metrics", e, time.monotonic())
+        finally:
+            self._publishing = False
 
     def _notify_progress(self) -> None:
         """systemd: READY=1 after the first tick (the filter is attached and the loop runs);
@@ -242,20 +262,29 @@ class Agent:
 
     # -- control (service/commands.py) --------------------------------------------------------
 
-    def commands(self) -> dict[str, Callable[[dict], dict]]:
+    def commands(self) -> dict[str, Callable[[dict], Reply]]:
         """The control socket's commands by name, each a request dict -> a reply dict."""
-        handlers = {"status": lambda req: {"ok": True, "status": self.status()},
+        handlers = {"status": lambda req: status_reply(self),     # streamed between ticks (control.py)
                     "down": self._down, "set": self.set_limit,
                     "reload": lambda req: self._reload_notified(),
                     "clients": lambda req: commands.list_clients(req, self.table, self.clients, time.monotonic()),
                     "unban": lambda req: commands.unban(req, self.table, self.clients, time.monotonic())}
         return {cmd: functools.partial(self._counted, cmd, handler) for cmd, handler in handlers.items()}
 
-    def _counted(self, cmd: str, handler: Callable[[dict], dict], req: dict) -> dict:
+    def _counted(self, cmd: str, handler: Callable[[dict], Reply], req: dict) -> Reply:
         """A control request's exception is counted with the tick's (stage control), then
         answered as an error reply by control.answer, which logs control_failed."""
         try:
-            return handler(req)
+            reply = handler(req)
+        except Exception as e:
+            self.errors.record("control", e, time.monotonic(), cmd=cmd)
+            raise
+        return reply if isinstance(reply, dict) else self._counted_parts(cmd, reply)
+
+    def _counted_parts(self, cmd: str, parts: Iterator[bytes]) -> Iterator[bytes]:
+        """A streamed reply's exception (control.py drops the connection): counted the same."""
+        try:
+            yield from parts
         except Exception as e:
             self.errors.record("control", e, time.monotonic(), cmd=cmd)
             raise

@@ -2,13 +2,14 @@
 
     board = Board(timeout_s=1.0)                      # the daemon owns one
     server = MetricsServer(("127.0.0.1", 9470), board)   # MetricsError: one line (port in use ...)
-    after a tick:  if board.wanted: board.publish(agent.status())   # what `drlctl status --json` shows
+    after a tick:  if board.wanted: board.publish(status)   # what `drlctl status --json` shows, made between ticks
     server.close()
 
 Threads: the daemon loop is single-threaded and its state is never shared.
 Scrapes run on prometheus_client's HTTP thread, so they read only a status
 dict the loop published: a scrape asks (:meth:`Board.request`), the loop
-builds ``Agent.status()`` at the end of its next tick and swaps in one new
+starts the status after its next tick, makes it a slice at a time between
+ticks (service/slices.py, status.py status_parts) and swaps in one new
 immutable :class:`Published` (:meth:`Board.publish`), and never touches that
 dict again.  Metrics and ``drlctl status`` therefore come from the same
 function and never disagree, and an idle endpoint costs the loop nothing.
@@ -82,20 +83,24 @@ class DropTally:
 
 
 class TickStats:
-    """Tick durations as a cumulative histogram, and overruns: ticks that ended after the
-    next one was due (slow, or started late), so the schedule slipped."""
+    """Tick durations as a cumulative histogram, overruns (ticks that ended after the next
+    one was due: slow, or started late, so the schedule slipped) and lateness: how long after
+    its due time a tick started (the loop held by something else: a control reply, a scrape)."""
 
     def __init__(self, buckets: tuple[float, ...] = TICK_BUCKETS_S) -> None:
         self.bounds = buckets
         self.counts = [0] * (len(buckets) + 1)     # the last one is +Inf
         self.sum_s = self.last_s = 0.0
         self.overruns = 0
+        self.late_s = self.late_max_s = 0.0
 
-    def observe(self, duration_s: float, overran: bool) -> None:
+    def observe(self, duration_s: float, overran: bool, late_s: float = 0.0) -> None:
         self.counts[bisect.bisect_left(self.bounds, duration_s)] += 1
         self.sum_s += duration_s
         self.last_s = duration_s
         self.overruns += overran
+        self.late_s = late_s
+        self.late_max_s = max(self.late_max_s, late_s)
 
     def as_dict(self) -> dict:
         """For the status: ``buckets`` maps each upper bound (Prometheus ``le``) to the
@@ -105,7 +110,7 @@ class TickStats:
             total += n
             cumulative[le] = total
         return {"buckets": cumulative, "sum_s": self.sum_s, "count": total, "last_s": self.last_s,
-                "overruns": self.overruns}
+                "overruns": self.overruns, "late_ms": self.late_s * 1000, "late_max_ms": self.late_max_s * 1000}
 
 
 def _le(bound: float) -> str:

@@ -1,15 +1,18 @@
 """The status tree: what ``drlctl status --json`` prints and the metrics are made from.
 
     agent_status(agent, now)    # the agent, each class under "classes", the first class at the top
+    status_parts(agent)         # the same made a part at a time: lists of classes, then the rest
+    status_reply(agent)         # the control reply's JSON text, a part at a time
 
 The keys are a contract (docs/agent.md "Status", docs/metrics.md): rates in bits/s
 (``*_bps``), counters as the datapath counts them, one entry per class.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from drl.agent.cluster.limits import Limit
 from drl.agent.cluster.registry import Registry, RegistryConfig
@@ -24,14 +27,56 @@ from drl.agent.units import to_bps
 if TYPE_CHECKING:
     from drl.agent.service.daemon import Agent
 
+PART_CLASSES = 50       # classes a streamed part: ~40 KB of JSON, ~2 ms to make
+
 
 def agent_status(agent: "Agent", now: float) -> dict:
     """drlctl status --json: the agent, each class under ``classes``, and at the top
     level the first class (``default`` when there is one) as before classes existed."""
-    cfg = agent.cfg
+    classes = list(class_statuses(agent))
+    return {**agent_head(agent, _first(classes), now), "classes": classes}
+
+
+def status_parts(agent: "Agent") -> Iterator[list[dict] | dict]:
+    """The status a part at a time, each made as it is drawn: lists of PART_CLASSES classes,
+    then, last, the rest (agent_head, read once the last class is made).  Drawn between
+    ticks (service/slices.py), each class is as of the moment its part was made."""
+    classes, first = class_statuses(agent), None
+    while part := list(itertools.islice(classes, PART_CLASSES)):
+        first = _first([c for c in (first, *part) if c is not None])
+        yield part
+    yield agent_head(agent, first, time.monotonic())
+
+
+def status_reply(agent: "Agent") -> Iterator[bytes]:
+    """The control reply ``{"ok": true, "status": ...}`` as JSON text, a part of status_parts
+    at a time (control.py streams them): ``classes`` first, then the agent's keys."""
+    yield b'{"ok": true, "status": {"classes": ['
+    sep = b""
+    for part in status_parts(agent):
+        if isinstance(part, dict):
+            yield b"], " + json.dumps(part)[1:].encode() + b"}"
+        else:
+            yield sep + json.dumps(part)[1:-1].encode()
+            sep = b", "
+
+
+def class_statuses(agent: "Agent") -> Iterator[dict]:
+    """Each class's status, made one at a time; a class removed meanwhile (a reload) is left out."""
     shaped = agent.shaper.rates         # once: it is a copy; once a class, 20,000 classes took ~25 s
-    classes = [class_status(agent, run, shaped) for run in agent.table]
-    first = next((c for c in classes if c["name"] == "default"), classes[0])
+    for run in list(agent.table):
+        if agent.table.get(run.name) is run:
+            yield class_status(agent, run, shaped)
+
+
+def _first(classes: list[dict]) -> dict:
+    """The class shown at the top level: ``default`` when there is one, else the first."""
+    return next((c for c in classes if c["name"] == "default"), classes[0])
+
+
+def agent_head(agent: "Agent", first: dict, now: float) -> dict:
+    """The status but its ``classes``: the agent's own keys and ``first``'s."""
+    cfg = agent.cfg
     out = {"node_id": cfg.node_id, "interface": cfg.iface, "interval_s": cfg.interval_s,
            "uptime_s": now - agent.started, "ticks": agent.ticks, "listen": listen(agent.transport.address),
            "standalone": cfg.standalone, "authenticated": cfg.key is not None,
@@ -43,7 +88,6 @@ def agent_status(agent: "Agent", now: float) -> dict:
                                                               "errors_by": agent.errors.rows()},
            "registry": registry_status(agent.registry, cfg.registry, agent.sync.classes_refused, now)}
     out.update({k: v for k, v in first.items() if k != "name"})
-    out["classes"] = classes
     return out
 
 
