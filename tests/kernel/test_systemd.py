@@ -213,7 +213,7 @@ def restart_and_watchdog(unit: "Unit") -> list[tuple[float, float]]:
 
 
 # The template runs start, capabilities, reload and stop here; its restart and watchdog
-# lines are drl-agent.service's (tests/unit/service/test_units.py), so systemd's handling of
+# lines are drl-agent.service's (tests/unit/service/test_unit_files.py), so systemd's handling of
 # them is shown once, on the plain unit (~25 s).
 @pytest.mark.parametrize("unit_name, conf, socket, faults", [
     ("drl-agent.service", "/etc/drl/drl.toml", "/run/drl/agent.sock", True),
