@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from daemon_harness import FakeDatapath, file_agent
 from drl.agent.service import control
 from drl.agent.service.control import ControlServer, request
@@ -111,6 +113,7 @@ while time.monotonic() < end:
 """
 
 
+@pytest.mark.slow
 def test_status_of_4000_classes_served_in_a_loop_keeps_every_tick_on_time(tmp_path, signals_kept):
     """The loop ticks every 500 ms while a client asks for the status of 4,000 classes without
     pause: made in one go (~0.4 s here) it made ticks 0.1-0.3 s late; between ticks, a tick
