@@ -17,7 +17,7 @@ say() { printf 'setup: %s\n' "$*"; }
 
 [ "$(id -u)" = 0 ] || { echo "setup: must run as root (apt-get, kernel headers)" >&2; exit 1; }
 
-APT_PKGS=(python3-bpfcc bpfcc-tools python3-venv python3-pip iproute2 iperf3 ethtool procps kmod nftables)
+APT_PKGS=(python3-bpfcc python3-cryptography bpfcc-tools python3-venv python3-pip iproute2 iperf3 ethtool procps kmod nftables)
 # systemd: systemd-analyze verify of systemd/*.service; util-linux: setpriv and unshare, which
 # run the agent as the unit does (tests/kernel/test_service.py)
 APT_PKGS+=(systemd util-linux)

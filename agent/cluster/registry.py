@@ -112,6 +112,7 @@ class Member:
     addr: HostPort              # its gossip address
     incarnation: int = 0
     left: bool = False          # it said so before revoking its lease (Registry.close)
+    keys: tuple[str, ...] = ()  # its per-node public keys, base64 (agent/gossip/signing.py)
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,11 @@ class Registry:
     """This agent's lease-bound entry, and a watched copy of its cluster's prefix."""
 
     def __init__(self, cfg: RegistryConfig, node_id: str, gossip_addr: HostPort, incarnation: int, *,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, public_key: str = ""):
         self.cfg, self.node_id, self.clock = cfg, node_id, clock
-        self._me = json.dumps({"addr": format_addr(gossip_addr), "incarnation": incarnation}).encode()
+        # public_key: this agent's per-node key (agent/gossip/signing.py), for the others to verify with
+        self._me = json.dumps({"addr": format_addr(gossip_addr), "incarnation": incarnation,
+                               **({"keys": [public_key]} if public_key else {})}).encode()
         self._gateways = cfg.gateways()
         self._lock = threading.Lock()
         self._wake = threading.Event()          # a pending write, a dead watch, close()
@@ -222,6 +225,17 @@ class Registry:
             except (EtcdError, ValueError, KeyError, TypeError):
                 continue
         return known or tuple(sorted(members))
+
+    def publish_key(self, public_key: str) -> None:
+        """A new per-node public key (a reload after a rotation) in our member record, before the
+        previous one (kept: peers that have not seen the record yet still verify what we signed
+        before), written by the registry thread at once."""
+        with self._lock:
+            me = json.loads(self._me)
+            keys = [public_key, *[k for k in me.get("keys", ()) if k != public_key][:1]]
+            self._me = json.dumps({**me, "keys": keys}).encode()
+            self._reregister = True
+        self._wake.set()
 
     def close(self, leave: bool = True) -> None:
         """Stop the threads, then say we leave and revoke the lease, so that our key goes
@@ -409,7 +423,7 @@ def decode(prefix: str, kvs: dict[str, bytes]) -> tuple[dict[str, Member], dict[
             value = json.loads(raw)
             if kind == "members":
                 members[name] = Member(name, parse_hostport(value["addr"]), int(value.get("incarnation", 0)),
-                                       value.get("left") is True)
+                                       value.get("left") is True, tuple(str(k) for k in value.get("keys", ())))
             elif kind == "classes" and isinstance(value, dict) and value.get("name") == name:
                 classes[name] = value
             elif kind == "genesis":

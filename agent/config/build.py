@@ -26,6 +26,7 @@ from drl.agent.model import Allocator
 from drl.agent.gossip.peers import AddressError, HostPort, Peer, parse_hostport, parse_peers
 from drl.agent.cluster.registry import RegistryConfig, RegistryError, registry_config
 from drl.agent.gossip.keys import KeyFileError, load_key
+from drl.agent.gossip.signing import NodeKeys, load_node_keys
 
 # The kernel falls back to the safe rate when the agent has not written a
 # class for this long: long enough that a slow tick never trips it, short
@@ -106,6 +107,9 @@ class Config:
     peer_timeout_fixed: bool = False         # --peer-timeout given: it does not follow N as members come and go
     # the classes in force with the registry's {name: table} on top; raises ConfigError
     live_classes: Callable[[dict[str, dict]], tuple[ClassConf, ...]] | None = None
+    node_keys: NodeKeys | None = None        # --identity, --peer-keys: per-node signatures (agent/gossip/signing.py)
+    identity_file: str | None = None         # ... their files, re-read on a reload
+    peer_keys_file: str | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -138,12 +142,13 @@ def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] |
     if not node_id or any(p.node_id == node_id for p in peers):
         raise ConfigError(f"node id {node_id!r} must be non-empty and differ from every peer's")
     registry = _registry(opts, listen)
+    node_keys = _node_keys(opts, registry is not None)
     interval_s = opts["interval_s"]
     confs = build_classes(opts, [{**opts, "name": "default"}] if classes is None else classes, peers,
                           opts["max_classes"])
     return Config(
         iface=opts["iface"], node_id=node_id, listen=listen, peers=peers,
-        key=_key(opts, gossip=bool(peers or registry)),
+        key=_key(opts, gossip=bool(peers or registry) and node_keys is None),
         interval_s=interval_s, branching=opts["branching"],
         peer_timeout_s=opts["peer_timeout_s"] or liveness_timeout(interval_s, len(peers), opts["branching"]),
         classes=confs, socket_path=opts["socket_path"],
@@ -153,7 +158,8 @@ def build_config(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]] |
         gossip_mark=_gossip_mark(opts.get("gossip_mark")), metrics=_metrics(opts.get("metrics")),
         log_format=opts.get("log_format") or "logfmt", filter_ahead=opts.get("filter_ahead") or "reassert",
         registry=registry,
-        peer_timeout_fixed=bool(opts["peer_timeout_s"]))
+        peer_timeout_fixed=bool(opts["peer_timeout_s"]),
+        node_keys=node_keys, identity_file=opts.get("identity_file"), peer_keys_file=opts.get("peer_keys_file"))
 
 
 def build_classes(opts: Mapping[str, Any], classes: Sequence[Mapping[str, Any]], peers: tuple[Peer, ...],
@@ -302,15 +308,36 @@ def _check_host(iface: str) -> None:
 
 
 def _key(opts: Mapping[str, Any], gossip: bool) -> bytes | None:
-    """``gossip``: there are peers, or a registry that will name them."""
+    """``gossip``: there are peers, or a registry that will name them, and no per-node keys
+    (--identity) to authenticate them instead."""
     if opts["key_file"] and opts["insecure"]:
         raise ConfigError("give either --key-file or --insecure, not both")
     if opts["insecure"] or (not gossip and not opts["key_file"]):
         return None                      # a lone limiter has nothing to authenticate
     if not opts["key_file"]:
-        raise ConfigError("gossip needs a cluster key: --key-file PATH (or --insecure to run unauthenticated)")
+        raise ConfigError("gossip needs a cluster key: --key-file PATH, per-node keys (--identity, --peer-keys), "
+                          "or --insecure to run unauthenticated")
     try:
         return load_key(opts["key_file"])
+    except KeyFileError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _node_keys(opts: Mapping[str, Any], registry: bool) -> NodeKeys | None:
+    """--identity and --peer-keys, loaded; None without --identity.  The cluster key may go
+    with them (an outer MAC: outsiders' datagrams then cost one HMAC, never a verification)."""
+    identity, peer_keys = opts.get("identity_file"), opts.get("peer_keys_file")
+    if not identity:
+        if peer_keys:
+            raise ConfigError("--peer-keys needs --identity FILE: this agent's own key to sign with")
+        return None
+    if opts["insecure"]:
+        raise ConfigError("give either --identity or --insecure, not both")
+    if not peer_keys and not registry:
+        raise ConfigError("--identity needs --peer-keys FILE (or --registry, where members publish theirs): "
+                          "the peers' public keys")
+    try:
+        return load_node_keys(identity, peer_keys)
     except KeyFileError as e:
         raise ConfigError(str(e)) from None
 

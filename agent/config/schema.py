@@ -252,6 +252,12 @@ FIELDS: tuple[Field, ...] = (
           default="", joined=True),
     Field("key_file", "--key-file", FILE, "Cluster key (HMAC-SHA256) shared by all agents."),
     Field("insecure", "--insecure", FLAG, "Run without a cluster key: gossip is not authenticated."),
+    Field("identity_file", "--identity", FILE, key="identity",
+          help="This agent's Ed25519 private key (PEM; openssl genpkey -algorithm ed25519): it signs all its "
+               "gossip, and peers accept only what verifies under a key listed for its node id (docs/security.md)."),
+    Field("peer_keys_file", "--peer-keys", FILE, key="peer_keys",
+          help="The peers' public keys, lines 'NODE_ID BASE64_KEY' (several per node while rotating); "
+               "with --identity. With --registry, members also publish their own."),
     Field("interval_s", "--interval", INTERVAL, "Estimate interval.", default="100ms", show_default=True),
     Field("branching", "--branching", IntRange(lo=1), default=16, show_default=True,
           help="Gossip branching factor: peers updated per interval (>= peers = full mesh: every peer "

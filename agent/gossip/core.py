@@ -39,6 +39,15 @@ Design ([Raghavan07] §3.1, §4.2):
   authenticated datagram and then bound the same way until the address has
   been silent for ``timeout_s`` (the liveness timeout), so a replaced host can
   rejoin.  Anything else is ``wrong_sender``.
+* Per-node keys (``keys``, agent/gossip/signing.py).  Each datagram is signed with our own
+  key, and one is accepted only if it verifies under a key registered for the node id in
+  its header (the peer keys file's, or the registry's: ``set_registry_keys``), so a host
+  holding its own key speaks as no other, whatever address it sends from; the address
+  binding above still holds.  A failed verification costs ~60-190 us, so each source
+  address may fail at most VERIFY_FAILURES_PER_S a second (a bucket as deep): past that
+  its datagrams are dropped unverified (``over_budget``) until the bucket refills, so a
+  flood from a peer's address costs at most that many verifications a second (a peer
+  that verifies spends nothing; docs/security.md "Per-node keys").
 * Incarnations (:class:`~agent.lives.Lives`): a higher incarnation is a restart, but one that
   falls silent for ``timeout_s`` no longer shouts down the lower one still
   speaking, so a forged (or clock-skewed) jump cannot lock the real peer out.
@@ -78,6 +87,7 @@ from typing import Callable, Hashable, Mapping, NamedTuple, Sequence
 
 from drl.agent.model import Envelope
 from drl.agent.gossip.lives import Lives
+from drl.agent.gossip.signing import MAX_KEYS_PER_NODE, SIG_BYTES, Ed25519PublicKey, NodeKeys, parse_public
 from drl.agent.gossip.wire import (MAX_DATAGRAM, Batch, ClassClients, ClassValue, Header, LimitNote, Message, Payload, Reason, Sums,
                    decode, encode, pack, pack_reports, pack_sums)
 
@@ -90,6 +100,7 @@ REPEATS = 3             # a quiet class's unchanged value goes to every peer thi
 REFRESH_ROUNDS = 100    # ... and once more every this many rounds, in case every repeat was lost
 ANNOUNCE_ROUNDS = 3     # a limit changed here goes to every peer in this many rounds
 HEARD_MS_MAX = 2**32 - 1   # dst_heard_ms for a peer never counted alive (and the most it says: 49 days)
+VERIFY_FAILURES_PER_S = 50  # per-node keys: failed verifications an address may cost a second (~1 % of a core)
 
 _new_tuple = tuple.__new__
 
@@ -260,7 +271,7 @@ class GossipCore:
     def __init__(self, node_id: str, cluster: str, key: bytes | None, peers: Sequence[Addr],
                  branching: int, incarnation: int, rng: random.Random | None = None,
                  stats: Stats | None = None, *, names: Mapping[Addr, str] | None = None,
-                 timeout_s: float = math.inf) -> None:
+                 timeout_s: float = math.inf, keys: NodeKeys | None = None) -> None:
         if branching < 1:
             raise ValueError(f"gossip branching must be >= 1, got {branching}")
         self.node_id, self.cluster, self.key = node_id, cluster, key
@@ -282,6 +293,32 @@ class GossipCore:
         self._gone: dict[Addr, None] = {}                        # removed peers with link counters, oldest first
         self._round = 0
         self.signed: Callable[[int], bool] = _unsigned           # class keys whose values may be below 0
+        self.keys = keys                                         # per-node keys; None: the cluster key alone
+        self._registry_keys: dict[str, tuple[Ed25519PublicKey, ...]] = {}
+        self._failures: dict[Addr, tuple[float, float]] = {}     # per address: (bucket level, when)
+
+    def set_keys(self, keys: NodeKeys) -> None:
+        """Per-node keys re-read (a reload): signed with the new identity from now on, verified
+        under the new peer keys (a rotation lists a node's old and new key while it changes)."""
+        self.keys = keys
+
+    def set_registry_keys(self, published: Mapping[str, Sequence[str]]) -> None:
+        """The public keys the registry's members publish (node id -> base64 texts); one that
+        does not parse is left out (it is the member's to fix, and shows as unknown_key)."""
+        out = {}
+        for node, texts in published.items():
+            parsed = []
+            for text in list(texts)[:MAX_KEYS_PER_NODE]:
+                try:
+                    parsed.append(parse_public(text))
+                except ValueError:
+                    continue
+            out[node] = tuple(parsed)
+        self._registry_keys = out
+
+    def keys_of(self, node: str) -> tuple[Ed25519PublicKey, ...]:
+        """The public keys ``node`` may sign with: the peer keys file's, else the registry's."""
+        return self.keys.peers.get(node) or self._registry_keys.get(node, ())
 
     def set_peers(self, peers: Sequence[Addr], names: Mapping[Addr, str] | None = None,
                   timeout_s: float | None = None) -> None:
@@ -426,7 +463,8 @@ class GossipCore:
         header = Header(cluster=self.cluster, node=self.node_id, dst=self._node_at.get(addr, ""),
                         seq=2**64 - 1, sent_at=1.0, incarnation=self.incarnation,
                         dst_incarnation=2**64 - 1, dst_heard_ms=HEARD_MS_MAX)
-        return MAX_DATAGRAM - len(encode(Message(header, Batch()), self.key))
+        sig = SIG_BYTES if self.keys is not None else 0
+        return MAX_DATAGRAM - len(encode(Message(header, Batch()), self.key)) - sig
 
     def route(self, env: Envelope, class_id: int, now: float) -> tuple[Addr, bytes] | None:
         """The datagram carrying ``env`` to ``env.dst``; None (counted) before we know its address."""
@@ -460,7 +498,7 @@ class GossipCore:
         header = Header(cluster=self.cluster, node=self.node_id, dst=node, class_id=class_id, seq=seq,
                         sent_at=now, incarnation=self.incarnation,
                         dst_incarnation=(lives and lives.current) or 0, dst_heard_ms=max(0, heard_ms))
-        data = encode(Message(header, payload), self.key)
+        data = encode(Message(header, payload), self.key, self.keys and self.keys.identity)
         self.stats.count_sent(len(data), now)
         return data
 
@@ -468,7 +506,14 @@ class GossipCore:
         """Validate one datagram from ``addr``; never raises."""
         if addr not in self.peers:              # before the MAC: strangers cost nothing
             return self.reject(Reason.UNKNOWN_PEER)
-        msg = decode(data, self.key, self.cluster)
+        if self.keys is None:
+            msg = decode(data, self.key, self.cluster)
+        elif self._budget(addr, now) < 1.0:
+            return self.reject(Reason.OVER_BUDGET)
+        else:
+            msg = decode(data, self.key, self.cluster, self.keys_of)
+            if msg is Reason.BAD_SIGNATURE:
+                self._failures[addr] = (self._budget(addr, now) - 1.0, now)
         if isinstance(msg, Reason):
             return self.reject(msg)
         if isinstance(msg.payload, Batch) and not self._signs_ok(msg.payload):
@@ -500,6 +545,12 @@ class GossipCore:
         self.stats.received_bytes += len(data)
         self.stats.lost += gap
         return Received(h, msg.payload, addr, max(gap, 0))
+
+    def _budget(self, addr: Addr, now: float) -> float:
+        """Failed verifications ``addr`` may still cost now: a bucket of VERIFY_FAILURES_PER_S,
+        refilled at that rate."""
+        level, when = self._failures.get(addr, (VERIFY_FAILURES_PER_S, now))
+        return min(VERIFY_FAILURES_PER_S, level + (now - when) * VERIFY_FAILURES_PER_S)
 
     def _signs_ok(self, batch: Batch) -> bool:
         """No value below 0 but for a class that may publish one (``signed``)."""

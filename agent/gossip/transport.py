@@ -33,6 +33,7 @@ from typing import Callable, Mapping, Sequence
 from drl.agent.gossip.core import GossipCore, Outgoing, PeerList, Received, Stats
 from drl.agent.model import Envelope
 from drl.agent.gossip.peers import HostPort, format_addr
+from drl.agent.gossip.signing import NodeKeys
 from drl.agent.gossip.wire import MAX_DATAGRAM, ClassClients, LimitNote, Reason, Sums
 
 
@@ -102,7 +103,7 @@ class UdpTransport:
     def __init__(self, sock: socket.socket, peers: Sequence[HostPort], *, node_id: str, cluster: str,
                  key: bytes | None, branching: int, incarnation: int, queue_size: int = 1024,
                  rng: random.Random | None = None, names: Mapping[HostPort, str] | None = None,
-                 timeout_s: float = math.inf) -> None:
+                 timeout_s: float = math.inf, keys: NodeKeys | None = None) -> None:
         self.sock = sock
         sock.setblocking(False)
         try:
@@ -118,7 +119,8 @@ class UdpTransport:
         self.queue_size = queue_size
         self.core = GossipCore(node_id, cluster, key, self.peer_addrs, branching, incarnation, rng,
                                Stats(overhead_bytes=48 if family == socket.AF_INET6 else 28),
-                               names={self.resolved[a]: n for a, n in (names or {}).items()}, timeout_s=timeout_s)
+                               names={self.resolved[a]: n for a, n in (names or {}).items()}, timeout_s=timeout_s,
+                               keys=keys)
         self.stats = self.core.stats
 
     @classmethod
@@ -177,6 +179,14 @@ class UdpTransport:
     def set_signed(self, signed: Callable[[int], bool]) -> None:
         """Which class keys may carry values below 0 (peers' negative values are refused otherwise)."""
         self.core.signed = signed
+
+    def set_keys(self, keys: NodeKeys) -> None:
+        """Per-node keys re-read (GossipCore.set_keys)."""
+        self.core.set_keys(keys)
+
+    def set_registry_keys(self, published: Mapping[str, Sequence[str]]) -> None:
+        """The registry's members' public keys (GossipCore.set_registry_keys)."""
+        self.core.set_registry_keys(published)
 
     def publish(self, classes: Mapping[int, Outgoing], now: float) -> None:
         """Gossip the classes' values (or a heartbeat) to this interval's targets."""

@@ -8,8 +8,13 @@
     >>> decode(data[:-1] + b"x", key, "prod")
     <Reason.FORGED: 'forged'>
 
-A datagram is the serialized ``Datagram`` followed by HMAC-SHA256 over it with the
-cluster key (``key=None`` is the explicit insecure mode: no tag, nothing verified).
+A datagram is the serialized ``Datagram``, then, with per-node keys (``identity``, agent/gossip/signing.py),
+the sender's Ed25519 signature over it (64 bytes), then HMAC-SHA256 over all that with the
+cluster key (``key=None``: no tag; the explicit insecure mode when there is no signature either).
+With per-node keys ``decode`` is given the public keys of each node id (``keys``) and accepts a
+datagram only if its signature verifies under one of those of the node its header names:
+``bad_signature`` when none does, ``unknown_key`` for a node with none.  The cluster key's
+MAC, when there is one, is checked first and costs ~3 us; a signature ~60-190 us.
 ``decode`` never raises: bad input comes back as a :class:`Reason`, which the
 receive path counts (agent/gossip/core.py ``Stats.rejected``).  Every number a
 datagram carries is checked against agent/units.py's bounds before anything
@@ -25,7 +30,8 @@ every peer for as long as the value lasts.  So decode(encode(m)) is never a
 Reason for a Batch or a Sums, and whatever decode yields, encode sends unchanged
 (tests/unit/gossip/test_wire_bounds.py).  The MAC is checked
 before the protobuf parser ever sees the bytes, so unauthenticated input only
-costs one HMAC.  Replays are caught statefully by ``lives.SeqWindow``, one per
+costs one HMAC; a signature is checked after the parse (the header names the signer)
+and before any payload is read.  Replays are caught statefully by ``lives.SeqWindow``, one per
 (sender, incarnation), in agent/gossip/core.py, after it has checked that the sender's
 node id is the one bound to the source address (``Reason.WRONG_SENDER``).  The
 cluster key file is read by agent/gossip/keys.py.
@@ -38,20 +44,22 @@ import functools
 import hmac
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Union
+from typing import Callable, NamedTuple, Sequence, Union
 
 from google.protobuf.message import DecodeError
 
 from drl.agent.gossip import drl_pb2
+from drl.agent.gossip.signing import SIG_BYTES, Ed25519PrivateKey, Ed25519PublicKey, verify
 from drl.agent import units
 from drl.agent.clients.reports import BanNote, ClientReport, report_bytes
 from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
-# 5: the sum tree's Sums (a limiter of version 4 would never answer one, and its value would be
+# 6: the per-node signature between the Datagram and the MAC (a version 5 agent would read it
+# as part of the Datagram); 5: the sum tree's Sums (a limiter of version 4 would never answer one, and its value would be
 # missing from every total); 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one
 # as the other, so they refuse each other's datagrams); 2: every class's value in a Batch (1: one
 # Update datagram per class)
-VERSION = 5
+VERSION = 6
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
 MAX_SUM_NODES = 1 << 20   # limiters a Sums may count: far above any cluster, far below overflow
@@ -67,6 +75,9 @@ class Reason(str, enum.Enum):
     OVERSIZED = "oversized"            # longer than MAX_DATAGRAM
     TRUNCATED = "truncated"            # too short to hold a tag and a header
     FORGED = "forged"                  # MAC does not verify (wrong key, tampering)
+    UNKNOWN_KEY = "unknown_key"        # per-node keys: no public key for the node id in the header
+    BAD_SIGNATURE = "bad_signature"    # per-node keys: verifies under none of that node's keys
+    OVER_BUDGET = "over_budget"        # per-node keys: its address failed too many verifications lately (core)
     GARBAGE = "garbage"                # authenticated (or insecure) but not a well-formed Datagram
     OUT_OF_RANGE = "out_of_range"      # well-formed, but a number outside its bounds (agent/units.py)
     UNKNOWN_VERSION = "unknown_version"
@@ -175,8 +186,9 @@ def _tag(key: bytes, body: bytes) -> bytes:
     return hmac.digest(key, body, "sha256")
 
 
-def encode(msg: Message, key: bytes | None) -> bytes:
-    """Serialize and authenticate ``msg``; ``key=None`` only in insecure mode."""
+def encode(msg: Message, key: bytes | None, identity: Ed25519PrivateKey | None = None) -> bytes:
+    """Serialize and authenticate ``msg``: signed with ``identity``, then MACed with ``key``;
+    neither only in insecure mode."""
     dg = drl_pb2.Datagram()
     for name in _HEADER_FIELDS:
         setattr(dg.header, name, getattr(msg.header, name))
@@ -193,6 +205,8 @@ def encode(msg: Message, key: bytes | None) -> bytes:
     for name in _FIELDS.get(cls, ()):
         setattr(sub, name, getattr(msg.payload, name))
     body = dg.SerializeToString()
+    if identity is not None:
+        body += identity.sign(body)
     return body if key is None else body + _tag(key, body)
 
 
@@ -210,15 +224,33 @@ def _body(data: bytes, key: bytes | None) -> bytes | Reason:
     return body
 
 
-def _parse(body: bytes) -> Message | Reason:
+def _proto(body: bytes):
     dg = drl_pb2.Datagram()
     try:
         dg.ParseFromString(body)
     except (DecodeError, RuntimeWarning, ValueError):
         return Reason.GARBAGE
-    kind = dg.WhichOneof("payload")
-    if kind is None or not dg.HasField("header"):
+    if dg.WhichOneof("payload") is None or not dg.HasField("header"):
         return Reason.GARBAGE
+    return dg
+
+
+def _signed(body: bytes, keys: Callable[[str], Sequence[Ed25519PublicKey]]):
+    """The parsed Datagram whose signature verifies under a key of the node it names."""
+    if len(body) <= SIG_BYTES:
+        return Reason.TRUNCATED
+    body, sig = body[:-SIG_BYTES], body[-SIG_BYTES:]
+    dg = _proto(body)
+    if isinstance(dg, Reason):
+        return dg
+    known = keys(dg.header.node)
+    if not known:
+        return Reason.UNKNOWN_KEY
+    return dg if verify(known, sig, body) else Reason.BAD_SIGNATURE
+
+
+def _read(dg) -> Message | Reason:
+    kind = dg.WhichOneof("payload")
     if kind == "batch":
         payload = _read_batch(dg.batch)
     elif kind == "client_reports":
@@ -452,12 +484,17 @@ def pack(values: list[ClassValue], limits: list[LimitNote], room: int) -> list[B
     return out
 
 
-def decode(data: bytes, key: bytes | None, cluster: str) -> Message | Reason:
-    """Verify and parse one datagram; never raises.  Replays are SeqWindow's job."""
+def decode(data: bytes, key: bytes | None, cluster: str,
+           keys: Callable[[str], Sequence[Ed25519PublicKey]] | None = None) -> Message | Reason:
+    """Verify and parse one datagram; never raises.  ``keys``: per-node keys, the public
+    keys of a node id (none: unknown).  Replays are SeqWindow's job."""
     body = _body(data, key)
     if isinstance(body, Reason):
         return body
-    msg = _parse(body)
+    dg = _proto(body) if keys is None else _signed(body, keys)
+    if isinstance(dg, Reason):
+        return dg
+    msg = _read(dg)
     if isinstance(msg, Reason):
         return msg
     if msg.header.version != VERSION:

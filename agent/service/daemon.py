@@ -40,6 +40,8 @@ from drl.agent.cluster.registry import RegistryError
 from drl.agent.config.build import ClassConf, Config, ConfigError
 from drl.agent.gossip.core import CLUSTER
 from drl.agent.gossip.interface import TransportPort
+from drl.agent.gossip.keys import KeyFileError
+from drl.agent.gossip.signing import load_node_keys
 from drl.agent.gossip.transport import TransportError
 from drl.agent.kernel import rtnetlink
 from drl.agent.kernel.datapath import DatapathError
@@ -302,7 +304,17 @@ class Agent:
         return commands.set_limit(req, self.table, self.book, self.limits, self.sync, self.members.n_nodes - 1)
 
     def reload(self) -> dict:
-        """Re-read the config file (commands.reload); a bad file changes nothing."""
+        """Re-read the per-node keys, then the config file (commands.reload); a bad file changes nothing."""
+        if self.cfg.node_keys is not None:
+            try:
+                keys = load_node_keys(self.cfg.identity_file, self.cfg.peer_keys_file)
+            except KeyFileError as e:
+                log.error("reload_failed", error=str(e))
+                return {"ok": False, "error": str(e)}
+            self.transport.set_keys(keys)
+            self.sync.publish_key(keys.public)
+            if self.cfg.reload is None:
+                return {"ok": True, "keys": keys.public}
         return commands.reload(self.cfg, self.sync, self._apply_classes, self.table)
 
     def _reload_notified(self) -> dict:

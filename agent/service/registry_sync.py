@@ -66,7 +66,8 @@ class RegistrySync:
         the whole limit), unless --peers names them."""
         cfg = self.cfg
         self.registry = Registry(dataclasses.replace(cfg.registry, mark=cfg.gossip_mark), cfg.node_id,
-                                 self.transport.address, self.transport.incarnation)
+                                 self.transport.address, self.transport.incarnation,
+                                 public_key=cfg.node_keys.public if cfg.node_keys else "")
         self.registry.start()
         deadline = time.monotonic() + cfg.registry.start_timeout_s
         while not self.registry.view().reachable and time.monotonic() < deadline:
@@ -94,6 +95,11 @@ class RegistrySync:
             raise RegistryError(f"no class to limit: none given (--global, --config) and none in etcd under "
                                 f"{cfg.registry.prefix}classes/")
         return confs
+
+    def publish_key(self, public: str) -> None:
+        """A reloaded identity's public key, in our member record (none without a registry)."""
+        if self.registry is not None:
+            self.registry.publish_key(public)
 
     def close(self, leave: bool) -> None:
         if self.registry is not None:
@@ -184,6 +190,8 @@ class RegistrySync:
         """The registry's members (and --peers) become the gossip targets and N; a lost one
         (killed: its lease expired) stays a target, in N and reserved (Membership.set_peers)."""
         cfg = self.cfg
+        if cfg.node_keys is not None:       # members' published keys: per-node signatures (core.keys_of)
+            self.transport.set_registry_keys({m.node_id: m.keys for m in view.members.values()})
         wanted = {m.addr: m.node_id for m in view.members.values() if m.node_id != cfg.node_id}
         wanted.update({p.addr: p.node_id for p in cfg.peers})
         # a lost member gossip never heard (a key written by hand, no agent behind it) has no

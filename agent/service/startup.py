@@ -60,7 +60,8 @@ def udp_transport(cfg: Config) -> UdpTransport | Standalone:
     return UdpTransport.bind(cfg.listen, [p.addr for p in cfg.peers], mark=cfg.gossip_mark, node_id=cfg.node_id,
                              cluster=CLUSTER,
                              key=cfg.key, branching=cfg.branching, incarnation=new_incarnation(),
-                             names={p.addr: p.node_id for p in cfg.peers if p.node_id}, timeout_s=cfg.peer_timeout_s)
+                             names={p.addr: p.node_id for p in cfg.peers if p.node_id}, timeout_s=cfg.peer_timeout_s,
+                             keys=cfg.node_keys)
 
 
 def kernel_datapath(cfg: Config, gossip_port: int | None) -> Datapath:

@@ -25,6 +25,8 @@ SAMPLES: dict[str, tuple[str | None, object]] = {
     "listen": ("10.0.0.1:7470", "10.0.0.1:7470"),
     "peers": ("b@10.0.0.2:7470,c@10.0.0.3:7470", ["b@10.0.0.2:7470", "c@10.0.0.3:7470"]),
     "key_file": ("/etc/drl/cluster.key", "/etc/drl/cluster.key"),
+    "identity_file": ("/etc/drl/node.key", "/etc/drl/node.key"),
+    "peer_keys_file": ("/etc/drl/peers.pub", "/etc/drl/peers.pub"),
     "insecure": (None, True),
     "interval_s": ("50ms", "50ms"),
     "branching": ("4", 4),
