@@ -314,7 +314,7 @@ class Agent:
             self.transport.set_keys(keys)
             self.sync.publish_key(keys.public)
             if self.cfg.reload is None:
-                return {"ok": True, "keys": keys.public}
+                return {"ok": True, "added": [], "changed": [], "removed": [], "public_key": keys.public}
         return commands.reload(self.cfg, self.sync, self._apply_classes, self.table)
 
     def _reload_notified(self) -> dict:
