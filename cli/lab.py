@@ -108,6 +108,8 @@ def run(name_or_file: str, allocators: tuple[str, ...], duration: float | None, 
         click.echo(render_matrix(summary) if "matrix" in summary else render(summary))
         if any(r.get("faults") for r in summary["runs"]):
             click.echo("\n" + render_faults(summary))
+        if any(r.get("attacks") for r in summary["runs"]):
+            click.echo("\n" + render_attacks(summary))
         click.echo(f"\nwrote {out or Path('results') / exp.name}/result.json and plots")
         failed = failed_checks(summary)
         if failed:
@@ -233,8 +235,29 @@ def failed_checks(summary: dict) -> list[str]:
     """Every failed check of every run, as ``fps-1: kill l3 max_window_ratio 1.21 > 1.05`` (a
     lower bound, ``op`` "<", as ``min_jain 0.83 < 0.9``)."""
     return [f"{r['allocator']}-{r['repeat']}: {c['fault']} {c['check']} "
-            f"{'never' if c['value'] is None else c['value']} {c.get('op', '>')} {c['bound']:g}"
+            f"{'never' if c['value'] is None else c['value']} {c.get('op', '>')} {_bound(c['bound'])}"
             for r in summary["runs"] for c in r.get("checks", []) if c["result"] == "fail"]
+
+
+def _bound(b) -> str:
+    return f"{b:g}" if isinstance(b, (int, float)) and not isinstance(b, bool) else str(b)
+
+
+def render_attacks(summary: dict) -> str:
+    """Per run: each attack, its worst window over G x T + D during and after it, the time
+    back within the envelope, and its checks."""
+    lines = []
+    for r in summary["runs"]:
+        lines.append(f"attacks, {r['allocator']} run {r['repeat']} (worst window / (G x T + D) during, after; "
+                     f"seconds until back within):")
+        verdicts: dict[tuple, list[str]] = {}
+        for c in r.get("checks", []):
+            verdicts.setdefault((c["at_s"], c["fault"]), []).append(f"{c['check']} {c['value']} {c['result']}")
+        for a in r.get("attacks", []):
+            back = "never" if a["back_s"] is None else f"{a['back_s']:.1f}"
+            lines.append(f"  t={a['at_s']:5.1f}s  {a['label']:<20} {_envelope(a['during'])} {_envelope(a['after'])} "
+                         f"back {back}: " + ", ".join(verdicts.get((a["at_s"], a["label"]), [])))
+    return "\n".join(lines)
 
 
 def render_faults(summary: dict) -> str:

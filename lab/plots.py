@@ -7,6 +7,8 @@
   G x T + D shaded and its ratio in the title;
 * ``utilization.png``: histograms of aggregate/limit over 100 ms and 1 s (Fig. 4);
 * ``flows.png``: each flow's mean rate, grouped by limiter;
+* ``attacks.png``: every 1-s window's bytes over G x 1 s + D, each attack shaded orange while it
+  lasts and blue for the aftermath judged after it (lab/attacks.py);
 * ``qq.png``: Q-Q plot of Jain's index against CTB when runs were repeated (Fig. 5).
 """
 from __future__ import annotations
@@ -28,6 +30,8 @@ def draw_all(summary: dict, exp: Experiment, out: Path) -> list[Path]:
     drawn = [timeseries(firsts, exp, out / "timeseries.png"),
              utilization(firsts, out / "utilization.png"),
              flows(firsts, out / "flows.png")]
+    if any(r.get("attacks") for r in firsts):
+        drawn.append(attacks(firsts, out / "attacks.png"))
     if any(row["runs"] > 1 for row in summary["comparison"]):
         drawn.append(qq(summary["runs"], out / "qq.png"))
     return [p for p in drawn if p]
@@ -96,6 +100,30 @@ def _faults(ax, run: dict) -> None:
     bounds = [c["bound"] for c in run.get("checks", []) if c["check"] == "max_window_ratio"]
     if bounds:
         ax.axhline(max(bounds) * run["global_limit_bps"] / 1e6, ls=":", color="tab:red", lw=0.7)
+
+
+def attacks(runs: list[dict], path: Path) -> Path:
+    fig, axes = _panels(len(runs))
+    for ax, run in zip(axes[:, 0], runs):
+        s = run["series"]
+        width, dt = round(1.0 / s["dt_s"]), s["dt_s"]
+        one_s = run["global_limit_bps"] / 8 + run["envelope"]["budget_bytes"]     # G x 1 s + D, bytes
+        sums = np.convolve(np.array(s["aggregate_bps"]) / 8 * dt, np.ones(width), "valid")
+        ax.plot(np.arange(len(sums)) * dt, sums / one_s, color="black", lw=1.0, label="1-s window / (G·1 s + D)")
+        ax.axhline(1.0, ls="--", color="tab:red", lw=0.8)
+        for a in run["attacks"]:
+            start = a.get("started_at_s", a["at_s"])
+            ax.axvspan(start, start + a["duration_s"], color="tab:orange", alpha=0.25, lw=0)
+            ax.axvspan(start + a["duration_s"], start + a["duration_s"] + a["after_s"], color="tab:blue", alpha=0.08,
+                       lw=0)
+            ax.text(start, 0.02, " " + a["kind"], rotation=90, va="bottom", ha="left", fontsize=6,
+                    transform=ax.get_xaxis_transform())
+        ax.set_ylim(0, max(1.2, ax.get_ylim()[1]))
+        ax.set_title(f"{run['experiment']}: {run['allocator']}, attacks (orange) and their aftermath (blue)", fontsize=9)
+        ax.set_ylabel("window / envelope")
+        ax.legend(fontsize=6, loc="upper right")
+    axes[-1, 0].set_xlabel("time (s)")
+    return _save(fig, path)
 
 
 def utilization(runs: list[dict], path: Path) -> Path:

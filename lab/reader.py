@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from drl.agent import allocators
+from drl.agent.clients import rules as client_rules
 from drl.agent.config.toml import key_line
 from drl.agent.units import UnitError, parse_duration, parse_rate, parse_size
 
 from .errors import LabError
-from .spec import (AGENT_ACTIONS, CHECKS, DIRECTIONS, FAULT_ACTIONS, FAULT_HORIZON_S, KINDS, LOSS_ON, REPLAY_COUNT,
-                   ROLES, RUN_CHECKS, Experiment, Fault, Link, LinkEvent, Matrix, Traffic)
+from .spec import (AGENT_ACTIONS, ATTACK_AFTER_S, ATTACK_KINDS, ATTACK_WITHIN_S, CHECKS, DIRECTIONS, FAULT_ACTIONS, FAULT_HORIZON_S, KINDS, LOSS_ON, REPLAY_COUNT,
+                   ROLES, RUN_CHECKS, Attack, Experiment, Fault, Link, LinkEvent, Matrix, Traffic)
 
 SPLIT = re.compile(r"[0-9]+(:[0-9]+)*")
 MAX_SPLIT_HOSTS, MAX_SPLIT_FLOWS = 8, 64
@@ -43,6 +44,11 @@ AGENT_OPTIONS: dict[str, Callable[[str], Any]] = {
     "branching": lambda v: _in_range(int(v), 1, math.inf),
     "eta": lambda v: _in_range(float(v), 0.0, math.inf, lo_open=True),
     "enforce": lambda v: _one_of(v, ("police", "shape")),
+    # the class's per-client rule (docs/clients.md): the attack experiment's clients phase
+    "client_key": client_rules.parse_client_key,
+    "client_measure": lambda v: _one_of(v, ("bytes", "packets", "conns")),
+    "client_threshold": client_rules.parse_threshold,
+    "client_exempt": client_rules.parse_prefix,
 }
 
 
@@ -94,6 +100,7 @@ def loads(text: str, path: str = "<string>") -> Experiment:
         faults=tuple(_fault(t, duration, checks) for t in top.array("fault")),
         checks={k: v for k, v in checks.items() if k in RUN_CHECKS},
         matrix=_matrix(top.sub("matrix", required=False)),
+        attacks=tuple(_attack(t, duration) for t in top.array("attack")),
         path=path,
     )
     exp_t.finish()
@@ -101,7 +108,44 @@ def loads(text: str, path: str = "<string>") -> Experiment:
     _check_graph(exp, src)
     if exp.matrix and not exp.of_role("router"):
         raise SpecError(f"{path}: [matrix] needs a host of role 'router': each cell's limiters link to it")
+    _check_attacks(exp, src)
     return dataclasses.replace(exp, faults=_check_faults(exp, src))
+
+
+def _attack(t: "_Table", duration: float) -> Attack:
+    """One [[attack]] (lab/attacks.py): a kind, when, how long, on which agent."""
+    kind = t.text("kind", choices=ATTACK_KINDS)
+    at, span = t.duration("at"), t.positive(t.duration("duration"), "duration")
+    after = t.positive(t.duration("after", ATTACK_AFTER_S), "after")
+    if at < 0 or at + span + after > duration:
+        raise t.error("at", f"the attack and its 'after' must lie within the experiment "
+                            f"({at:g} + {span:g} + {after:g} s > {duration:g} s)")
+    fields: dict[str, Any] = {}
+    if kind == "flood":
+        fields["rate_pps"] = t.integer("rate", 150_000, lo=1)
+    if kind == "clients":
+        fields["clients"] = t.integer("clients", 200_000, lo=1)
+    a = Attack(at, kind, span, t.text("agent"), after_s=after,
+               within_s=t.positive(t.duration("within", ATTACK_WITHIN_S), "within"), index=t.index, **fields)
+    t.finish()
+    return a
+
+
+def _check_attacks(exp: Experiment, src: "_Source") -> None:
+    """Each names a limiter, one at a time (an attack's aftermath ends before the next starts:
+    each window is charged to one attack), and the kinds that speak as a peer have one."""
+    ends = -1.0
+    for a in sorted(exp.attacks, key=lambda a: a.at_s):
+        where = _Table(src, {}, f"[[attack]] #{a.index + 1}", "attack", a.index)
+        if a.agent not in exp.limiters:
+            raise where.error("agent", f"{a.agent!r} is not a limiter ({', '.join(exp.limiters)})")
+        if a.at_s < ends:
+            raise where.error("at", f"{a.at_s:g} s is before the previous attack's aftermath ends ({ends:g} s)")
+        if a.kind in ("lying_summer", "huge_partial", "forged_limit", "flood") and len(exp.limiters) < 3:
+            raise where.error("kind", f"{a.kind} speaks as a peer of {a.agent}: it needs at least 3 limiters")
+        if a.kind == "clients" and "client_key" not in exp.agent:
+            raise where.error("kind", "clients needs a per-client rule: client_key in [agent]")
+        ends = a.at_s + a.duration_s + a.after_s
 
 
 def _matrix(t: "_Table") -> Matrix | None:

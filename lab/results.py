@@ -23,7 +23,8 @@ from .traffic import Group
 
 
 def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Group], launched: dict[int, float],
-            meter: SinkMeter, agents: list[Agent], out: Path, faults: list[dict] | None = None) -> dict:
+            meter: SinkMeter, agents: list[Agent], out: Path, faults: list[dict] | None = None,
+            attacks: list[dict] | None = None) -> dict:
     n = round(exp.duration_s / DT)
     aggregate = meter.series(n)
     # bins after the last sample are empty, not idle: windows stop at the last complete bin
@@ -64,9 +65,68 @@ def analyse(exp: Experiment, allocator: str, run: str, k: int, groups: list[Grou
     if exp.faults:
         result["faults"] = fault_rows(exp, aggregate, faults or [], measured_s, result["envelope"]["budget_bytes"])
         result["checks"] = evaluate_checks(exp, result["faults"])
+    if exp.attacks:
+        result["attacks"] = attack_rows(exp, aggregate[:round(measured_s / DT)], attacks or [],
+                                        result["envelope"]["budget_bytes"])
+        result["checks"] = result.get("checks", []) + attack_checks(exp, result["attacks"])
     if exp.checks:
         result["checks"] = result.get("checks", []) + run_checks(exp, result)
     return result
+
+
+def attack_rows(exp: Experiment, aggregate: list[float], records: list[dict], budget: int) -> list[dict]:
+    """One row per [[attack]]: the runner's record (lab/attacks.py: what was sent, the kind's
+    ``check``, ``agent_alive``), the worst window of >= 1 s against G x T + D during it
+    (``during``) and in its ``after_s`` after it (``after``), and ``back_s``: from how long
+    after it stopped every 1-s window of its aftermath is within G x 1 s + D (0: none left it;
+    None: the last did not come back)."""
+    rows = []
+    for i, a in enumerate(exp.attacks):
+        rec = records[i] if i < len(records) else {"error": "not reached"}
+        start = rec.get("started_at_s", a.at_s)
+        stop, until = start + a.duration_s, start + a.duration_s + a.after_s
+        row = {**rec, "duration_s": a.duration_s, "after_s": a.after_s,
+               "during": _span_envelope(exp, aggregate, budget, start, stop),
+               "after": _span_envelope(exp, aggregate, budget, stop, until),
+               "back_s": back_within(aggregate, exp.global_Bps + budget, stop, until)}
+        rows.append(row)
+    return rows
+
+
+def _span_envelope(exp: Experiment, aggregate: list[float], budget: int, start: float, stop: float) -> dict:
+    lo = math.ceil(start / DT - 1e-9)
+    return envelope(aggregate[lo:math.floor(stop / DT + 1e-9)], exp.global_Bps, budget, lo * DT)
+
+
+def back_within(aggregate: list[float], one_second_Bytes: float, stop: float, until: float) -> float | None:
+    """Seconds after ``stop`` from which every 1-s window (100-ms steps) starting before
+    ``until`` - 1 s carries at most ``one_second_Bytes``; None when the last does not."""
+    w = round(1.0 / DT)
+    lo, hi = math.ceil(stop / DT - 1e-9), min(len(aggregate), math.floor(until / DT + 1e-9))
+    over = [j for j in range(lo, hi - w + 1) if sum(aggregate[j:j + w]) * DT > one_second_Bytes * (1 + 1e-9)]
+    if not over:
+        return 0.0
+    return None if over[-1] == hi - w else round((over[-1] + 1 - lo) * DT, 3)
+
+
+def attack_checks(exp: Experiment, rows: list[dict]) -> list[dict]:
+    """Each attack's checks: the worst window against G x T + D during and after it at most
+    ``max_envelope_ratio`` ([checks], 1.0 if unset), its agent alive at the end, and the
+    kind's own check (lab/attacks.py); an attack that raised fails them all."""
+    bound = exp.checks.get("max_envelope_ratio", 1.0)
+    out = []
+    for a, row in zip(exp.attacks, rows):
+        own = row.get("check") or {"name": "check", "value": row.get("error"), "bound": None, "ok": False}
+        values = [("envelope_during", row["during"]["ratio"], bound, None),
+                  ("envelope_after", row["after"]["ratio"], bound, None),
+                  ("agent_alive", row.get("agent_alive"), True, bool(row.get("agent_alive"))),
+                  (own["name"], own["value"], own["bound"], own["ok"] and "error" not in row)]
+        for name, value, limit, ok in values:
+            if ok is None:
+                ok = value is not None and value <= limit + 1e-9
+            out.append({"at_s": a.at_s, "fault": a.label, "check": name, "bound": limit, "value": value,
+                        "result": "pass" if ok else "fail"})
+    return out
 
 
 def enforce_mode(exp: Experiment, allocator: str) -> str:

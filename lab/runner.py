@@ -23,6 +23,7 @@ from drl.agent.units import to_bps
 
 from . import plots, preflight
 from .agents import Agent, StatusPoller, start_agents
+from .attacks import Attacks
 from .collector import DT, MAX_READ_S, SinkMeter
 from .delay import drops_summary, link_rows
 from .errors import LabError
@@ -70,10 +71,11 @@ def run_once(exp: Experiment, allocator: str, out: Path, k: int, progress: Progr
         agents = start_agents(lab, allocator, out)
         receivers = _start_servers(lab, groups, out)
         t0 = time.monotonic()
-        with StatusPoller(agents, t0), SinkMeter(plan) as meter, Faults(lab, agents, out, t0) as faults:
-            launched, clients = _play(lab, agents, groups, out, meter, t0, progress, faults)
+        with StatusPoller(agents, t0), SinkMeter(plan) as meter, Faults(lab, agents, out, t0) as faults, \
+                Attacks(lab, agents, out, t0) as attacks:
+            launched, clients = _play(lab, agents, groups, out, meter, t0, progress, faults, attacks)
         _finish(clients + receivers)  # every receiver writes its report when its client is done
-    result = analyse(exp, allocator, plan.run, k, groups, launched, meter, agents, out, faults.records)
+    result = analyse(exp, allocator, plan.run, k, groups, launched, meter, agents, out, faults.records, attacks.records)
     result["links"] = link_rows(lab.plan, lab.delay_stats())   # after teardown: the relays' final counts
     slow = [r for r in meter.reads if r[1] > MAX_READ_S]
     result["sink_reads"] = {"count": len(meter.reads), "dropped_slow": len(slow),
@@ -112,14 +114,15 @@ def _finish(procs: list[subprocess.Popen]) -> None:
 
 
 def _play(lab: Lab, agents: list[Agent], groups: list[Group], out: Path, meter: SinkMeter, t0: float,
-          progress: Progress, faults: Faults | None = None):
+          progress: Progress, faults: Faults | None = None, attacks: Attacks | None = None):
     """The schedule: every 100 ms fire what is due (flows, link events, faults), then sample the sink.
     An agent that exits on its own voids the run: the others would go on as if nothing had
     happened, and its host at its fail-safe rate looks like a plausible result."""
     exp = lab.plan.exp
     actions = sorted([(g.traffic.start_s, "start", g) for g in groups]
                      + [(e.at_s, "event", e) for e in exp.events]
-                     + [(f.at_s, "fault", f) for f in (exp.faults if faults else ())], key=lambda a: a[0])
+                     + [(f.at_s, "fault", f) for f in (exp.faults if faults else ())]
+                     + [(a.at_s, "attack", a) for a in (exp.attacks if attacks else ())], key=lambda a: a[0])
     launched, clients, tick = {}, [], 0
     while (now := time.monotonic() - t0) < exp.duration_s:
         while actions and actions[0][0] <= now:
@@ -127,6 +130,9 @@ def _play(lab: Lab, agents: list[Agent], groups: list[Group], out: Path, meter: 
             if what == "start":
                 launched[item.index] = time.monotonic() - t0
                 clients.append(lab.spawn(item.client_host, item.client_argv(out), log=out / f"client{item.index}.log"))
+            elif what == "attack":
+                attacks.start(item, time.monotonic() - t0)
+                progress(f"   t={now:5.1f}s  attack: {item.label} for {item.duration_s:g}s")
             elif what == "fault":
                 rec = faults.apply(item, time.monotonic() - t0)
                 pid = f" (pid {rec['pid']})" if "pid" in rec else ""

@@ -119,6 +119,40 @@ class Fault:
         return self.action
 
 
+ATTACK_KINDS = ("lying_summer", "huge_partial", "forged_limit", "clients", "foreign_filter", "flood")
+ATTACK_AFTER_S = 3.0     # default: how long after an attack stops its aftermath is judged
+ATTACK_WITHIN_S = 10.0   # default: how soon an attack's own check must hold (lab/attacks.py)
+
+
+@dataclass(frozen=True)
+class Attack:
+    """From ``at_s`` for ``duration_s``, an attacker works on ``agent`` (lab/attacks.py, one
+    function a kind); lab/results.py judges every window against G x T + D during it and for
+    ``after_s`` after it, and the kind's own check must hold within ``within_s``.
+
+    lying_summer: ``agent``'s chosen summer, from its address, says TOTAL = 0 over 2^20 nodes.
+    huge_partial: a member that sums nothing sends ``agent`` a PARTIAL of 1e300.
+    forged_limit: a peer's address tells every agent a 1-Tbit/s limit at version 2^63 - 3;
+    at the end the operator's ``drlctl set`` (the same global) on ``agent`` must reach all.
+    clients: ``clients`` distinct addresses, 4 datagrams each, leave ``agent``'s data link.
+    foreign_filter: a u32 filter that classifies everything at pref 10 on ``agent``'s data
+    link; drl's must be ahead of it again; it is deleted at the end.
+    flood: random datagrams at up to ``rate_pps`` from a peer's address to ``agent``'s gossip port."""
+    at_s: float
+    kind: str
+    duration_s: float
+    agent: str
+    after_s: float = ATTACK_AFTER_S
+    within_s: float = ATTACK_WITHIN_S
+    rate_pps: int = 150_000          # flood
+    clients: int = 200_000           # clients
+    index: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.agent}"
+
+
 @dataclass(frozen=True)
 class Matrix:
     """``[matrix]``: the experiment run once a cell, splits x congestion control x enforcement
@@ -150,6 +184,7 @@ class Experiment:
     faults: tuple[Fault, ...] = ()              # in time order (file order among equal times)
     checks: dict[str, float] = field(default_factory=dict)   # [checks] of RUN_CHECKS: over the whole run
     matrix: Matrix | None = None                # [matrix]: run once a cell (lab/matrix.py)
+    attacks: tuple[Attack, ...] = ()            # [[attack]]: in time order, none overlapping (lab/attacks.py)
     path: str = ""
 
     # -- the graph (hosts and links) -------------------------------------------------
@@ -200,4 +235,6 @@ class Experiment:
             self, duration_s=duration_s, warmup_s=self.warmup_s * k,
             traffic=tuple(dataclasses.replace(t, start_s=t.start_s * k, stop_s=t.stop_s * k) for t in self.traffic),
             events=tuple(dataclasses.replace(e, at_s=e.at_s * k) for e in self.events),
-            faults=tuple(dataclasses.replace(f, at_s=f.at_s * k, for_s=f.for_s and f.for_s * k) for f in self.faults))
+            faults=tuple(dataclasses.replace(f, at_s=f.at_s * k, for_s=f.for_s and f.for_s * k) for f in self.faults),
+            attacks=tuple(dataclasses.replace(a, at_s=a.at_s * k, duration_s=a.duration_s * k, after_s=a.after_s * k)
+                          for a in self.attacks))

@@ -52,8 +52,8 @@ def test_every_shipped_experiment_validates(name):
     exp = resolve(name)
     assert exp.name == name
     assert exp.traffic and exp.limiters
-    # faults hit agents and gossip, which CTB lacks; a matrix scores against ideal shares
-    assert "ctb" in exp.allocators or exp.faults or exp.matrix
+    # faults and attacks hit agents and gossip, which CTB lacks; a matrix scores against ideal shares
+    assert "ctb" in exp.allocators or exp.faults or exp.matrix or exp.attacks
     assert 0 < exp.warmup_s < exp.duration_s
     for t in exp.traffic:
         assert exp.limiter_of(t.src) in exp.limiters
