@@ -169,6 +169,16 @@ def test_window_in_order_loss_reorder_replay():
     assert w.accept(199) == -1
 
 
+def test_a_seq_far_ahead_moves_the_window_without_building_its_shift():
+    """An authenticated datagram 2^41 ahead once made the agent exit with MemoryError."""
+    w = SeqWindow()
+    assert w.accept(5) == 0
+    assert w.accept(5 + (1 << 41)) == (1 << 41) - 1
+    assert w.bits == 1 and w.accept(5 + (1 << 41)) is None
+    assert w.accept((1 << 64) - 1) is not None       # the uint64 seq's last value
+    assert w.accept(5) is None
+
+
 @given(st.lists(st.integers(1, 300), max_size=200))
 def test_window_accepts_each_seq_at_most_once_and_loss_is_consistent(seqs):
     w, accepted, lost = SeqWindow(), set(), 0
