@@ -45,6 +45,7 @@ def test_status_of_20000_classes_is_whole_and_no_tick_is_late_while_it_is_served
     late_ms = agent.status()["tick"]["late_max_ms"]     # since start: the status above was served meanwhile
     print(f"tick late_max_ms {late_ms:.0f}")
     # the goal is 2 intervals; made in one go the status held the loop 1.5-2.5 s here, made a 10-ms
-    # slice at a time between ticks of ~0.6 s it leaves them ~1 ms late: half an interval is for load
-    assert late_ms <= INTERVAL_S / 2 * 1000, late_ms
+    # slice at a time between ticks of ~0.6 s it leaves them ~1 ms late quiet, 511 ms in a loaded CI
+    # run (ticks of 0.6 s of work at 1 s leave little slack): one interval fails the one-go build
+    assert late_ms <= INTERVAL_S * 1000, late_ms
     agent.kill(15)
