@@ -243,6 +243,14 @@ def _bound(b) -> str:
     return f"{b:g}" if isinstance(b, (int, float)) and not isinstance(b, bool) else str(b)
 
 
+def _verdicts(run: dict, form: str) -> dict[tuple, list[str]]:
+    """A run's checks as ``form`` lines, by the (time, fault or attack) they judged."""
+    verdicts: dict[tuple, list[str]] = {}
+    for c in run.get("checks", []):
+        verdicts.setdefault((c["at_s"], c["fault"]), []).append(form.format(**c))
+    return verdicts
+
+
 def render_attacks(summary: dict) -> str:
     """Per run: each attack, its worst window over G x T + D during and after it, the time
     back within the envelope, and its checks."""
@@ -250,9 +258,7 @@ def render_attacks(summary: dict) -> str:
     for r in summary["runs"]:
         lines.append(f"attacks, {r['allocator']} run {r['repeat']} (worst window / (G x T + D) during, after; "
                      f"seconds until back within):")
-        verdicts: dict[tuple, list[str]] = {}
-        for c in r.get("checks", []):
-            verdicts.setdefault((c["at_s"], c["fault"]), []).append(f"{c['check']} {c['value']} {c['result']}")
+        verdicts = _verdicts(r, "{check} {value} {result}")
         for a in r.get("attacks", []):
             back = "never" if a["back_s"] is None else f"{a['back_s']:.1f}"
             lines.append(f"  t={a['at_s']:5.1f}s  {a['label']:<20} {_envelope(a['during'])} {_envelope(a['after'])} "
@@ -266,9 +272,7 @@ def render_faults(summary: dict) -> str:
     for r in summary["runs"]:
         lines.append(f"faults, {r['allocator']} run {r['repeat']} (worst 1-s window / limit, "
                      f"seconds until >= 95 % again):")
-        verdicts: dict[tuple, list[str]] = {}
-        for c in r.get("checks", []):
-            verdicts.setdefault((c["at_s"], c["fault"]), []).append(f"{c['check']} {c['result']}")
+        verdicts = _verdicts(r, "{check} {result}")
         for f in r.get("faults", []):
             worst = "-" if f["worst_window_ratio"] is None else f"{f['worst_window_ratio']:.3f}"
             rec = "-" if f["recovery_s"] is None else f"{f['recovery_s']:.1f}"
