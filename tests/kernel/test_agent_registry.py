@@ -139,7 +139,9 @@ def test_limit_holds_while_etcd_is_down_and_a_change_made_meanwhile_lands(fleet)
 
     etcd.start()
     for a in agents:
-        st = a.wait_for(lambda s: s["global_limit_bps"] == 6e6, timeout_s=8)
+        # the set may reach a peer by gossip before that peer's own next etcd call succeeds
+        st = a.wait_for(lambda s: s["global_limit_bps"] == 6e6 and s["registry"]["state"] == "reachable",
+                        timeout_s=8)
         assert st["global_limit_bps"] == 6e6 and st["registry"]["state"] == "reachable", st["registry"]
     time.sleep(3)
     after = sink_rate_bps(sink, 5)
