@@ -85,7 +85,8 @@ class PeerView(NamedTuple):
     remote_sum: float                        # sum of alive peers' values; stale ones count 0
     n_alive: int                             # alive peers, self excluded
     reserved_Bps: float | None = None        # what stale peers' datapaths may still pass; None: 1/N each
-    unheard_by: int = 0                      # alive peers that say they no longer hear us (heard_cap)
+    unheard_by: int = 0                      # peers that may not hear us (heard_cap): alive ones that say
+                                             # so, ones our late loop sent nothing too long (service/tick.py)
     stale_reserves: tuple[float, ...] = ()   # reserved_Bps peer by peer, largest first
 
     @property

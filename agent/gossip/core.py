@@ -280,6 +280,7 @@ class GossipCore:
         self.stats = stats or Stats()
         self._cycle = Cycle(len(self.peers), rng or random.Random())
         self._seq: dict[Addr, int] = {}                          # next seq per receiver
+        self._sent: dict[Addr, float] = {}                       # last datagram built, per receiver
         self.timeout_s = timeout_s
         self._lives: dict[str, Lives] = {}                      # per sender node id
         self._node_at: dict[Addr, str] = {}
@@ -353,6 +354,7 @@ class GossipCore:
         for addr in gone:
             self._full.discard(addr)
             self._heard.pop(addr, None)
+            self._sent.pop(addr, None)
             self._pending.pop(addr, None)
         for addr in joined:
             self._gone.pop(addr, None)              # a lapsed lease renewed: its counters go on
@@ -372,6 +374,12 @@ class GossipCore:
                    if addr in self.peers and node not in self._homes}
         self._node_at = {**learned, **self._names}                            # named or learned: address -> id
         self._addr_of = {node: addr for addr, node in self._node_at.items()}  # and back
+
+    def overdue(self, now: float, gap_s: float) -> int:
+        """The peers we sent a datagram before but none for longer than ``gap_s``: a loop so
+        late that they may count us stale while our datapath still passes our limit."""
+        sent = self._sent
+        return sum(1 for addr in self.peers if now - sent.get(addr, now) > gap_s)
 
     def targets(self) -> list[Addr]:
         """This interval's targets: every peer if ``branching`` covers them, else the next ``branching``."""
@@ -491,6 +499,7 @@ class GossipCore:
         counted it alive (the handshake and the echo of the module docstring)."""
         seq = self._seq.get(addr, 0) + 1
         self._seq[addr] = seq
+        self._sent[addr] = now
         node = self._node_at.get(addr, "")
         lives = self._lives.get(node)
         heard = self._heard.get(addr)
@@ -589,6 +598,6 @@ class GossipCore:
             del self._node_at[moved]
         self._addr_of[node] = addr
 
-    def reject(self, reason: Reason) -> None:
-        self.stats.rejected[reason.value] += 1
+    def reject(self, reason: Reason, n: int = 1) -> None:
+        self.stats.rejected[reason.value] += n
         return None

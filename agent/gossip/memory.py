@@ -63,6 +63,9 @@ class MemoryTransport:
     def knows(self, node):
         return self.core.knows(node)
 
+    def overdue(self, now, gap_s):
+        return self.core.overdue(now, gap_s)
+
     def set_peers(self, peers, timeout_s=None):
         self.core.set_peers(list(peers), {a: n for a, n in peers.items() if n}, timeout_s)
         self.peer_addrs = self.core.peers

@@ -82,15 +82,35 @@ def _set_mark(sock: socket.socket, mark: int) -> None:
                              "(needs CAP_NET_ADMIN)") from None
 
 
+# <asm-generic/socket.h>; Python's socket module names neither
+SO_RCVBUFFORCE = 33
+SO_RXQ_OVFL = 40
+_DROPS_SPACE = socket.CMSG_SPACE(4)
+RCVBUF_BYTES = 4 << 20     # ~10,000 small datagrams (the kernel doubles it; ~830 B each): a tick's worth of a 100-kpps flood
+
+
+def _size_buffer(sock: socket.socket) -> None:
+    """A deep receive buffer, so that a flood overruns it only when it outpaces the loop's
+    reads, not while the loop ticks; and each datagram stamped with the kernel's count of the
+    datagrams it dropped (SO_RXQ_OVFL), which ``poll`` counts as ``queue_full``."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)    # past rmem_max: CAP_NET_ADMIN
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)  # capped at net.core.rmem_max
+    sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+
+
 class UdpTransport:
     """A GossipCore on a UDP socket: ``UdpTransport.bind(listen, peers, ...)`` binds ``listen``;
     the constructor takes a socket already bound (tests bind port 0 first, so that
     peers can name each other's ports) and owns it from then on.
 
-    ``poll(now)`` drains the socket and validates at most ``queue_size`` datagrams
-    per call (the rest are dropped and counted as queue_full, so a flood cannot
-    stall the tick).  Send errors are counted, never raised.  ``peer_addrs`` are the
-    resolved peer addresses, in the order given (for Membership); a peer equal to
+    ``poll(now)`` reads and validates at most ``queue_size`` datagrams a call and
+    leaves the rest in the socket's buffer for the next (the loop ticks between
+    calls, so a flood delays a tick by one call's work, ~5 ms, and every datagram
+    that reaches the buffer is checked, none discarded unread); what the kernel
+    dropped because the buffer was full is counted as ``queue_full``.  Send errors
+    are counted, never raised.  ``peer_addrs`` are the resolved peer addresses, in the order given (for Membership); a peer equal to
     the bound address is this node and is left out.  ``resolved`` maps each given
     peer to its resolved address.  ``names`` (peer address as given -> node id,
     from ``--peers ID@HOST:PORT``) and ``timeout_s`` (the liveness timeout) bind
@@ -106,6 +126,8 @@ class UdpTransport:
                  timeout_s: float = math.inf, keys: NodeKeys | None = None) -> None:
         self.sock = sock
         sock.setblocking(False)
+        _size_buffer(sock)
+        self._kernel_drops = 0
         try:
             family = sock.family
             self.address: HostPort = sock.getsockname()[:2]
@@ -155,20 +177,22 @@ class UdpTransport:
 
     def poll(self, now: float) -> list[Received]:
         """Everything that arrived since the last poll, validated, in arrival order; never raises."""
-        out = []
-        for n in range(4 * self.queue_size):
+        out, drops = [], self._kernel_drops
+        for _ in range(self.queue_size):
             try:
-                data, src = self.sock.recvfrom(MAX_DATAGRAM + 1)   # +1: oversized shows as such
+                data, anc, _, src = self.sock.recvmsg(MAX_DATAGRAM + 1, _DROPS_SPACE)   # +1: oversized shows as such
             except BlockingIOError:
                 break
             except OSError:          # e.g. an ICMP error queued on the socket: nothing to read
                 continue
-            if n >= self.queue_size:
-                self.core.reject(Reason.QUEUE_FULL)
-                continue
+            if anc:                  # the kernel's drops so far, when there have been any
+                drops = int.from_bytes(anc[0][2][:4], sys.byteorder)
             rx = self.core.receive(data, src[:2], now)
             if rx is not None:
                 out.append(rx)
+        if drops != self._kernel_drops:
+            self.core.reject(Reason.QUEUE_FULL, (drops - self._kernel_drops) % (1 << 32))   # a u32 that wraps
+            self._kernel_drops = drops
         return out
 
     @property
@@ -216,6 +240,9 @@ class UdpTransport:
 
     def knows(self, node: str) -> bool:
         return self.core.knows(node)
+
+    def overdue(self, now: float, gap_s: float) -> int:
+        return self.core.overdue(now, gap_s)
 
     def _sendto(self, data: bytes, addr: HostPort) -> None:
         try:
@@ -277,6 +304,9 @@ class Standalone:
 
     def knows(self, node: str) -> bool:
         return False
+
+    def overdue(self, now: float, gap_s: float) -> int:
+        return 0
 
     def close(self) -> None:
         pass

@@ -93,6 +93,8 @@ class TickStats:
         self.sum_s = self.last_s = 0.0
         self.overruns = 0
         self.late_s = self.late_max_s = 0.0
+        self.held_late = 0          # ticks held to the safe rate: a peer sent nothing too long (tick.py)
+        self.late_peers = 0         # in the last tick
 
     def observe(self, duration_s: float, overran: bool, late_s: float = 0.0) -> None:
         self.counts[bisect.bisect_left(self.bounds, duration_s)] += 1
@@ -102,6 +104,13 @@ class TickStats:
         self.late_s = late_s
         self.late_max_s = max(self.late_max_s, late_s)
 
+    def unsent(self, peers: int) -> bool:
+        """A tick found ``peers`` peers without a datagram for too long; True when that starts."""
+        started = peers > 0 and not self.late_peers
+        self.held_late += peers > 0
+        self.late_peers = peers
+        return started
+
     def as_dict(self) -> dict:
         """For the status: ``buckets`` maps each upper bound (Prometheus ``le``) to the
         ticks that took at most that long."""
@@ -110,7 +119,8 @@ class TickStats:
             total += n
             cumulative[le] = total
         return {"buckets": cumulative, "sum_s": self.sum_s, "count": total, "last_s": self.last_s,
-                "overruns": self.overruns, "late_ms": self.late_s * 1000, "late_max_ms": self.late_max_s * 1000}
+                "overruns": self.overruns, "late_ms": self.late_s * 1000, "late_max_ms": self.late_max_s * 1000,
+                "held_late": self.held_late}
 
 
 def _le(bound: float) -> str:
@@ -207,6 +217,10 @@ def agent_metrics(snap: Published) -> Iterator[Metric]:
                                 buckets=list(tick["buckets"].items()), sum_value=tick["sum_s"])
     yield CounterMetricFamily("drl_tick_overruns", "Ticks that ended after the next one was due",
                               value=tick["overruns"])
+    yield CounterMetricFamily("drl_tick_held_late", "Ticks held to the safe rate: some peer had no datagram "
+                              "from this agent for longer than the stale rule allows", value=tick["held_late"])
+    yield GaugeMetricFamily("drl_tick_late_seconds", "How long after its due time the last tick started",
+                            value=tick["late_ms"] / 1000)
     errors = CounterMetricFamily("drl_tick_errors", "Exceptions caught where they happened, by class (empty for "
                                  "a datagram or a control request) and stage (the log's tick_error)",
                                  labels=["class", "stage"])

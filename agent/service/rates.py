@@ -3,6 +3,7 @@
     local_limit(decision, local)        # the bucket rate, or what survives random drop
     safe_rate(conf, limit, n_nodes)     # the fail-safe rate the kernel falls back to
     slack_s(cfg, n_peers)               # how long after its last datagram a peer may still write
+    send_gap_s(cfg, n_peers)            # the longest we may leave a peer without a datagram
     burst_budget(conf, limit, n_nodes)  # D: what all hosts may pass beyond the global rate
     host_burst(conf, limit, n_nodes, rate_Bps, enforce)   # this host's depth, its share of D
 """
@@ -47,7 +48,22 @@ def _mode(conf: ClassConf) -> str:
     return "shape" if conf.shaped else "police"
 
 
+# What a loop's ticks may trail their schedule by, taken twice into the slack: a scrape, a GC
+# pause or a busy CPU delays a tick by tens of ms (CI saw 511 ms once, with 20,000 classes),
+# and a tick later than half the slack holds its classes to their safe rates (send_gap_s).
+LOOP_JITTER_S = 0.2
+
+
 def slack_s(cfg: Config, n_peers: int) -> float:
-    """A peer's last config write is at most two gossip cycles (and a tick) after the last
-    datagram we had from it: the slack of the stale rule (Membership.may_still_pass)."""
-    return (2 * cycle_rounds(n_peers, cfg.branching) + 1) * cfg.interval_s
+    """A peer's last config write is at most two gossip cycles, a tick and twice a loop's
+    jitter after the last datagram we had from it: the slack of the stale rule
+    (Membership.may_still_pass).  The peer keeps its side of it (send_gap_s)."""
+    return (2 * cycle_rounds(n_peers, cfg.branching) + 1) * cfg.interval_s + 2 * LOOP_JITTER_S
+
+
+def send_gap_s(cfg: Config, n_peers: int) -> float:
+    """The longest this agent may leave a peer without a datagram and still write its own
+    limit: half the slack, so that with one datagram lost in between our writes stay within
+    slack_s of the last one the peer had (a loop held up longer is held to its safe rate,
+    service/tick.py)."""
+    return slack_s(cfg, n_peers) / 2

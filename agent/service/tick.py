@@ -15,17 +15,20 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from drl.agent import logs
 from drl.agent.gossip.core import Outgoing
 from drl.agent.gossip.tree import tree_wanted
 from drl.agent.kernel.datapath import Counters, now_ns
 from drl.agent.model import SLOW_START_Bps, Mode
 from drl.agent.service.class_table import ClassRun
-from drl.agent.service.rates import local_limit, safe_rate
+from drl.agent.service.rates import local_limit, safe_rate, send_gap_s
 from drl.agent.service.unmatched import gossip_wire_bytes
 from drl.agent.step import ClassInput, class_step
 
 if TYPE_CHECKING:
     from drl.agent.service.daemon import Agent
+
+log = logs.get_logger("drl.agent")
 
 
 class _Enforcing(Exception):
@@ -39,12 +42,13 @@ def tick(agent: "Agent", now: float) -> None:
     counters = agent.dp.read_counters([run.class_id for run in runs])
     flows = agent.dp.read_flows()
     kernel_now = now_ns()
+    unsent = _unsent(agent, now)
     out = {}
     with agent.dp.batch():
         for run in runs:
             try:
                 out[run.conf.key] = _step(agent, run, now, counters[run.class_id], flows.get(run.class_id, []),
-                                          kernel_now)
+                                          kernel_now, unsent)
             except Exception as e:      # one class's failure is that class's: the others go on
                 stage, e = ("enforce", e.__cause__) if isinstance(e, _Enforcing) else ("allocate", e)
                 agent.errors.record(stage, e, now, class_=run.name)
@@ -68,13 +72,29 @@ def tick(agent: "Agent", now: float) -> None:
     agent.ticks += 1
 
 
-def _step(agent: "Agent", run: ClassRun, now: float, counters: Counters, flows: list, kernel_now: int) -> Outgoing:
+def _unsent(agent: "Agent", now: float) -> int:
+    """Peers this loop left without a datagram for longer than the stale rule allows (a tick
+    held up: thousands of new clients, a starved CPU).  They may count us stale and reserve
+    no more than our safe rate once our fail-safe would have started, while our kernel,
+    heartbeat by heartbeat, still passes our limit: so every class is held to its safe
+    rate, as when a peer says it no longer hears us (model.heard_cap)."""
+    gap_s = send_gap_s(agent.cfg, len(agent.transport.peer_addrs))
+    unsent = agent.transport.overdue(now, gap_s)
+    if agent.tick_stats.unsent(unsent):
+        log.warning("gossip_late", peers=unsent, gap_ms=round(gap_s * 1000), held="safe_rate")
+    return unsent
+
+
+def _step(agent: "Agent", run: ClassRun, now: float, counters: Counters, flows: list, kernel_now: int,
+          unsent: int) -> Outgoing:
     """One class's estimate -> class step -> enforce; what it gossips this round."""
     cfg, n_nodes = agent.cfg, agent.members.n_nodes
     local = run.estimator.update(now, counters, flows, kernel_now)
     limit = agent.book.get(run.name)
     safe_Bps = safe_rate(run.conf, limit, n_nodes)
     view = agent.members.view(run.conf.key, now, safe_Bps)
+    if unsent:
+        view = view._replace(unheard_by=view.unheard_by + unsent)
     sums = agent.tree if agent.tree_on and agent.table.reads_sum(run.conf.key) else None
     given = ClassInput(now, cfg.node_id, cfg.interval_s, limit.global_Bps, local, view, run.inbox, safe_Bps,
                        run.conf.key)

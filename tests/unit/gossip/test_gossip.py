@@ -105,6 +105,17 @@ def test_heartbeat_when_nothing_to_publish():
     assert all(rx.payload == Batch() for rx in net.deliver("a", sent))
 
 
+def test_overdue_counts_the_peers_sent_to_before_but_not_within_the_gap():
+    core = Net(4).cores["a"]                  # 3 peers
+    core.branching = 1                        # one target a round
+    assert core.overdue(100.0, 0.0) == 0      # none sent to yet: none overdue
+    for t in (0.0, 1.0, 2.0):
+        core.publish({}, t)                   # each peer once, round robin
+    assert [core.overdue(2.5, gap) for gap in (0.4, 0.6, 1.6, 2.6)] == [3, 2, 1, 0]
+    core.set_peers(list(core.peers)[:1])      # a removed peer is none of ours
+    assert core.overdue(9.0, 0.0) == 1
+
+
 def test_loss_detection_and_late_arrival():
     net = Net(2)
     a, b = net.cores["a"], net.cores["b"]
@@ -296,18 +307,31 @@ def test_udp_loopback_right_and_wrong_key():
         assert rx.envelope == Envelope(Transfer(1, 10.0), src="B") and rx.header.dst == "A"
 
 
-def test_udp_queue_bound_and_oversized():
+def test_udp_reads_a_bounded_number_a_poll_and_leaves_the_rest_queued():
     (sa, sb), (pa, pb) = bound(2)
     with udp("A", sa, [pb]) as a, udp("B", sb, [pa], queue_size=2) as b:
         for t in range(5):
             a.publish(vals({1: float(t)}), t)
         a.sock.sendto(b"x" * (MAX_DATAGRAM + 100), ("127.0.0.1", pb))
-        got = poll_until(b, 5.0, 2, tries=1)
-        assert [values_of(rx) for rx in got] == [[(1, 0.0)], [(1, 1.0)]]
-        assert b.stats.rejected == {"queue_full": 4}
-        a.sock.sendto(b"x" * (MAX_DATAGRAM + 100), ("127.0.0.1", pb))
-        poll_until(b, 6.0, 1, tries=1)
-        assert b.stats.rejected["oversized"] == 1
+        time.sleep(0.05)
+        polls = [[values_of(rx) for rx in b.poll(5.0)] for _ in range(4)]
+        assert polls == [[[(1, 0.0)], [(1, 1.0)]], [[(1, 2.0)], [(1, 3.0)]], [[(1, 4.0)]], []]
+        assert b.stats.rejected == {"oversized": 1} and b.stats.received == 5
+
+
+def test_udp_counts_what_the_kernel_dropped_for_a_full_buffer_as_queue_full():
+    (sa, sb), (pa, pb) = bound(2)
+    with udp("A", sa, [pb]) as a, udp("B", sb, [pa]) as b:
+        b.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)      # a few datagrams' room
+        for t in range(200):
+            a.publish(vals({1: float(t)}), t)
+        time.sleep(0.05)
+        first = len(b.poll(200.0))
+        a.publish(vals({1: 200.0}), 200)      # stamped with the drops so far
+        time.sleep(0.05)
+        second = len(b.poll(201.0))
+        assert 0 < first < 200 and second == 1
+        assert b.stats.rejected == {"queue_full": 200 - first}
 
 
 def test_udp_bind_errors_are_one_line():

@@ -13,7 +13,7 @@ import pytest
 from drl.agent.burst import POLICE_FLOOR, SHAPE_FLOOR
 from drl.agent.config.build import class_key
 from drl.agent.service.daemon import CLUSTER, Agent
-from drl.agent.service.rates import safe_rate
+from drl.agent.service.rates import safe_rate, send_gap_s
 from drl.agent.kernel.datapath import DatapathError
 from drl.agent.kernel.shaper import handle
 from drl.agent.gossip.core import GossipCore, Outgoing, PeerList
@@ -200,6 +200,39 @@ def test_a_host_its_peer_does_not_hear_holds_itself_to_its_safe_rate(tmp_path):
         for _ in range(3):
             rate, state = round_trip(b_hears_us=True)
         assert rate == pytest.approx(state["share_bps"] / 8) and rate > 1.5 * safe and "unheard_by" not in state
+
+
+def test_a_loop_held_up_past_the_stale_rules_slack_holds_itself_to_its_safe_rate(tmp_path, caplog):
+    """A tick so late that b had no datagram from us for more than half the slack (one lost
+    in between): b may count us stale and reserve our safe rate once our fail-safe would have
+    started, while our kernel, heartbeat by heartbeat, passes our limit.  So that tick passes at
+    most the safe rate; the next on-time one, after a round that reached b, its share again."""
+    cfg = config(tmp_path, "--global", "8mbit", "--allocator", "fps", "--peers", "b@10.0.0.2:7470",
+                 "--peer-timeout", "1h")
+    dp = FakeDatapath()
+    peer = GossipCore("b", CLUSTER, None, PeerList([cfg.listen]), 1, incarnation=1)
+    safe, step = 1e6 / 2, cfg.interval_s
+    with agent(cfg, dp) as a:
+        t0 = time.monotonic()
+
+        def tick_at(t):
+            for _, data in a.transport.sent:    # b hears every datagram we sent
+                peer.receive(data, cfg.listen, t)
+            a.transport.sent.clear()
+            a.transport.arrive(peer.publish(values({DEFAULT: 0.05}), t), B)
+            a.receive()
+            dp.send(3 * 10**6 * step)        # more than the limit
+            a.tick(t)
+            return dp.classes[CLASS_ID][1]["rate_Bps"], a.status()
+        for k in range(10):
+            rate, st = tick_at(t0 + k * step)
+        assert rate > 1.5 * safe and st["tick"]["held_late"] == 0
+        gap_s = send_gap_s(cfg, 1)     # one peer's cycle is 1 round: 1.5 intervals and the jitter
+        rate, st = tick_at(t0 + 9 * step + gap_s + 0.1 * step)
+        assert rate == safe and st["tick"]["held_late"] == 1 and st["allocator_state"]["unheard_by"] == 1
+        assert sum("gossip_late" in r.getMessage() for r in caplog.records) == 1
+        rate, st = tick_at(t0 + 10 * step + gap_s + 0.1 * step)
+        assert rate > 1.5 * safe and st["tick"]["held_late"] == 1 and "unheard_by" not in st["allocator_state"]
 
 
 def test_status_has_the_documented_keys_before_and_after_a_tick(tmp_path):

@@ -64,8 +64,10 @@ def test_tick_stats_is_a_cumulative_histogram_with_overruns():
     t = TickStats(buckets=(0.001, 0.01))
     for d, late, start in ((0.0005, False, 0.002), (0.001, False, 0.0), (0.005, False, 0.0), (0.5, True, 0.001)):
         t.observe(d, late, start)
+    assert [t.unsent(n) for n in (0, 2, 1, 0, 3)] == [False, True, False, False, True]   # when it starts
     assert t.as_dict() == {"buckets": {"0.001": 2, "0.01": 3, "+Inf": 4}, "sum_s": pytest.approx(0.5065),
-                           "count": 4, "last_s": 0.5, "overruns": 1, "late_ms": 1.0, "late_max_ms": 2.0}
+                           "count": 4, "last_s": 0.5, "overruns": 1, "late_ms": 1.0, "late_max_ms": 2.0,
+                           "held_late": 3}
 
 
 def test_drops_take_the_reason_of_the_decision_in_force():
