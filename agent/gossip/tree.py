@@ -335,8 +335,9 @@ class SumTree:
         nodes = len(leaves) + mine
         others = self._first_summing()
         to = {*filter(None, (self._first_usable(g, usable) for g in _distinct(self._members))), *self._partials}
+        members = self._groups.keys()
         for heard in self._partials.values():
-            to.update(node for node in heard.summers if node in self._groups)
+            to.update(members & heard.summers)    # a set operation: groups x summers a tick
         self._told = tuple(sorted(node for node in to if node != self.node_id and usable(node)))
         sent = Sums(SumKind.PARTIAL, nodes, tuple(partial.items()), (self.node_id, *sorted(others)))
         out = [(node, sent) for node in self._told]

@@ -93,12 +93,14 @@ def test_agents_find_each_other_join_and_leave_through_etcd(fleet):
     agents.append(start(h4))                       # a 4th host joins while traffic runs
     took = wait_members(agents, 4, timeout_s=3 + 1)   # 1 s: the agent's own start
     assert took <= 3.0, took
-    clients4 = senders(lab, (h4,), seconds=12)
+    clients4 = senders(lab, (h4,), seconds=17)
     time.sleep(4)
     total4 = sink_rate_bps(sink, 6)
-    st4 = agents[3].status()
     assert within(total4, LIMIT, 0.10), total4
-    # its flows get their share: 2 of 8 flows, a quarter of the limit (FPS)
+    # its flows get their share: 2 of 8 flows, a quarter of the limit (FPS).  Shaped, a newcomer
+    # gets there slowly (README "Known limits"): one CI run read 0.57 of it 10 s in, a moment
+    # of its ramp, so it has 5 s more to get there
+    st4 = agents[3].wait_for(lambda st: st["local_limit_bps"] >= 0.6 * LIMIT / 4, 5)
     assert st4["local_limit_bps"] >= 0.6 * LIMIT / 4, st4["local_limit_bps"]
 
     agents[3].kill(signal.SIGKILL)                 # its key goes with its lease (TTL 5 s)
