@@ -110,8 +110,9 @@ class UdpTransport:
     calls, so a flood delays a tick by one call's work, ~5 ms, and every datagram
     that reaches the buffer is checked, none discarded unread); what the kernel
     dropped because the buffer was full is counted as ``queue_full``.  Send errors
-    are counted, never raised.  ``peer_addrs`` are the resolved peer addresses, in the order given (for Membership); a peer equal to
-    the bound address is this node and is left out.  ``resolved`` maps each given
+    are counted, never raised.  ``peer_addrs`` are the resolved peer addresses, in
+    the order given (for Membership); a peer equal to the bound address is this
+    node and is left out.  ``resolved`` maps each given
     peer to its resolved address.  ``names`` (peer address as given -> node id,
     from ``--peers ID@HOST:PORT``) and ``timeout_s`` (the liveness timeout) bind
     ids to addresses in the core (GossipCore, "Identity").  ``set_peers`` changes the
