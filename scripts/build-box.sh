@@ -13,9 +13,12 @@
 # with Vagrant's insecure key, and a venv in /opt/drl with drl's dependencies (not drl:
 # an edit of drl rebuilds no box).
 #
-# Two caches in $DRL_BOX_CACHE (default /var/cache/drl-test): the Debian root file
-# system (rootfs-<hash>.tar, keyed by this script and the package list: debootstrap
-# and apt take minutes) and the box (box-<hash>.box, also keyed by pyproject.toml's
+# One debootstrap for the whole test suite: the box starts from the systemd-nspawn
+# container's root file system (lab/nspawn.py, built and cached once, $DRL_BOX_CACHE/
+# nspawn-rootfs/) and adds the kernel, sshd and tools with apt.  Two caches of its own in
+# $DRL_BOX_CACHE (default /var/cache/drl-test): that root file system with the box's
+# packages (rootfs-<hash>.tar, keyed by this script, the container's recipe and the package
+# list: apt takes minutes) and the box (box-<hash>.box, also keyed by pyproject.toml's
 # dependencies).  Every use touches what it reads;
 # what no checkout used for 14 days is dropped, other checkouts' boxes stay.  Needs root, debootstrap,
 # qemu-utils and e2fsprogs; reaches only the Debian mirror and PyPI (for the wheels).
@@ -38,7 +41,8 @@ PKGS=(linux-image-amd64 linux-headers-amd64 initramfs-tools python3-bpfcc python
 REQS=$("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
 
 t0=$(date +%s)
-base_key=$( { cat "$0"; printf '%s\n' "$SUITE" "$MIRROR" "${PKGS[@]}"; } | sha256sum | cut -c1-16)
+ns_key=$("$PY" -c 'from drl.lab.nspawn import rootfs_key; print(rootfs_key())')
+base_key=$( { cat "$0"; printf '%s\n' "$SUITE" "$MIRROR" "$ns_key" "${PKGS[@]}"; } | sha256sum | cut -c1-16)
 box_key=$( { echo "$base_key"; echo "$REQS"; } | sha256sum | cut -c1-16)
 BOX=$CACHE/box-$box_key.box
 BASE=$CACHE/rootfs-$base_key.tar
@@ -68,9 +72,11 @@ if [ -s "$BASE" ]; then
     mkdir -p "$R"
     tar -C "$R" -xf "$BASE"
 else
-    say "debootstrap $SUITE (minbase) from $MIRROR"
-    debootstrap --variant=minbase "$SUITE" "$R" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 \
-        || { tail -n 30 "$WORK/debootstrap.log" >&2; exit 1; }
+    NS=$("$PY" -m drl.lab.nspawn build --cache "$CACHE") || exit 1
+    say "Debian root file system from the container's: $NS"
+    mkdir -p "$R" && cp -a "$NS/." "$R"
+    # the container's marker and its console-getty mask are the container's, not a VM's
+    rm -f "$R/.drl-rootfs-complete" "$R/etc/systemd/system/console-getty.service"
     # No service starts in the chroot; apt keeps no docs, no recommends, no caches.
     printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
     cat > "$R/etc/dpkg/dpkg.cfg.d/01-drl-nodoc" <<'EOF'

@@ -18,15 +18,26 @@ ban ends at its time when the agent is gone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Iterable
 
-from drl.agent import logs
+from drl.agent import abi, logs
 from drl.agent.clients.rules import ClientRule, Network
 from drl.agent.clients.table import ClientTable, ClientTick
 from drl.agent.gossip.dispatch import Dispatch
 from drl.agent.gossip.wire import ClassClients, ClientReports
 
 log = logs.get_logger("drl.agent")
+
+# A tick adopts at most this many newly flagged clients of a class (reads their counts, decides,
+# writes); the others wait in line, held by the kernel at threshold/N meanwhile, which is
+# what a young client gets anyway.  A client followed costs ~8 us a tick and a sprayed one is
+# followed for ~2 windows: 256 a tick keep a spray of 200,000 addresses at a few thousand
+# followed, tens of ms a tick, instead of a tick of a second.  The line holds at most what
+# the kernel's map of holds does; past that the longest waiting are let go (flagged again
+# next window if they still send).
+ADOPT_PER_TICK = 256
+MAX_WAITING = abi.MAX_CLIENT_LIMITS
 
 
 @dataclass
@@ -44,6 +55,7 @@ class ClientRun:
     bans: dict = field(default_factory=dict)       # client -> until (ns, CLOCK_MONOTONIC)
     line: float = 0.0                              # the reporting line the kernel flags clients at
     hold: float = 0.0                              # and holds them at (count per window)
+    waiting: dict = field(default_factory=dict)    # flagged, not yet adopted, the oldest first (an ordered set)
 
     def network(self, client: bytes) -> str:
         return str(self.rule.key.network(client))
@@ -93,8 +105,10 @@ class ClientRules:
         flagged = self.dp.read_heavy()
         reports = []
         for cr in self._runs.values():
-            new = flagged.get(cr.class_id, set())
-            wanted = cr.table.wanted() | new
+            followed = cr.table.wanted()
+            again = flagged.get(cr.class_id, set())
+            new = (again & followed) | self._adopt(cr, again - followed)
+            wanted = followed | new
             counts = self.dp.client_counts(cr.class_id, wanted) if wanted else {}
             cr.table.max_age_s = max_age_s          # follows the membership's liveness timeout
             t = cr.table.tick_counts(now, counts, n_hosts)
@@ -113,6 +127,21 @@ class ClientRules:
             if t.report.counts or t.report.bans:
                 reports.append(ClassClients(cr.key, t.report))
         return reports
+
+    def _adopt(self, cr: ClientRun, flagged: set) -> set:
+        """The newly flagged clients this tick takes on: the longest waiting, ADOPT_PER_TICK at
+        most; the line beyond MAX_WAITING loses its oldest, whose kernel holds go with them."""
+        line = cr.waiting
+        line.update(dict.fromkeys(flagged))          # one already waiting keeps its place
+        taken = set(islice(line, ADOPT_PER_TICK))
+        for client in taken:
+            del line[client]
+        if len(line) > MAX_WAITING:
+            dropped = list(islice(line, len(line) - MAX_WAITING))
+            for client in dropped:
+                del line[client]
+            self.dp.drop_holds(cr.class_id, dropped)
+        return taken
 
     def _write(self, cr: ClientRun, t: ClientTick, n_hosts: int) -> None:
         """Shares are counts per window: the kernel's buckets take units per second; a bucket's

@@ -282,7 +282,8 @@ def class_metrics(classes: list[dict]) -> Iterator[Metric]:
          "lost": CounterMetricFamily("drl_class_gossip_values_lost", "This class's gossiped values lost, all peers",
                                      labels=lab),
          "clients": GaugeMetricFamily("drl_class_clients", "Clients of the class's client rule, by state "
-                                      "(tracked: counted in the window)", labels=["class", "state"])}
+                                      "(tracked: counted in the window; waiting: flagged, not yet adopted)",
+                                      labels=["class", "state"])}
     c = {k: CounterMetricFamily(f"drl_{k}", doc, labels=lab) for k, doc in (
         ("passed_bytes", "L2 bytes that passed the limiter"), ("passed_packets", "Packets that passed the limiter"))}
     d = {k: CounterMetricFamily(f"drl_{k}", doc, labels=["class", "reason"]) for k, doc in (
@@ -309,7 +310,7 @@ def class_metrics(classes: list[dict]) -> Iterator[Metric]:
             for reason, n in cl[f"{key}_by_reason"].items():
                 fam.add_metric([cl["name"], reason], n)
         if cl["clients"] is not None:
-            for state in ("tracked", "throttled", "banned"):
+            for state in ("tracked", "throttled", "banned", "waiting"):
                 g["clients"].add_metric([cl["name"], state], cl["clients"][state])
     yield from rates.values()
     yield from g.values()

@@ -146,11 +146,12 @@ def _limits(run: ClassRun, limit: Limit, d: Decision, local: Local, snap, n_node
 
 
 def client_summary(cr: ClientRun | None, now: float) -> dict | None:
-    """The class's client rule and its clients tracked, throttled and banned; None without one."""
+    """The class's client rule and its clients tracked, throttled, banned and waiting (flagged,
+    held by the kernel, not yet adopted: client_rules.ADOPT_PER_TICK); None without one."""
     if cr is None:
         return None
     return {"key": str(cr.rule.key), "measure": cr.rule.measure, "threshold": str(cr.rule.threshold),
-            "action": cr.rule.action, **cr.table.summary(now)}
+            "action": cr.rule.action, **cr.table.summary(now), "waiting": len(cr.waiting)}
 
 
 def listen(address) -> str | None:

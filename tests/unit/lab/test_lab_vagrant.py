@@ -52,6 +52,7 @@ def test_vm_probe_is_valid_python():
     compile(PROBE, "<probe>", "exec")
 
 
+@pytest.mark.slow            # two runs of vagrant (Ruby): 2 s on a quiet machine, 10 s seen beside kernel tests
 @pytest.mark.skipif(not shutil.which("vagrant"), reason="needs vagrant")
 def test_libvirt_links_give_the_host_bridge_no_address(tmp_path):
     """Every link network is "veryisolated" without DHCP: vagrant-libvirt would otherwise give

@@ -12,6 +12,7 @@ from daemon_harness import CLASS_ID, FakeDatapath, agent, config
 from drl.agent.clients.table import FLOOR_FRACTION
 from drl.agent.clients.rules import client_rule, parse_client_key, parse_prefix, parse_threshold
 from drl.agent.clients.windows import Windows
+from drl.agent.service import client_rules
 from drl.agent.service.client_rules import ClientRules
 from drl.agent.gossip.wire import ClientReports, Header, Message, decode, encode
 
@@ -176,6 +177,41 @@ def test_held_clients_a_full_map_has_no_room_for_are_tried_again_each_tick():
     dp.arrive(0.2, 3, {})
     rules.tick(0.2, 1, 1.0)                         # nothing moved but the room
     assert set(dp.limits[3]) == {HEAVY, LIGHT} and rules.get("gold").unheld == 0
+
+
+def test_a_spray_of_flagged_clients_is_adopted_a_bounded_number_a_tick_the_rest_held_in_line(monkeypatch):
+    """10,000 addresses at the line at once: each tick reads and decides ADOPT_PER_TICK of them
+    (the oldest flagged first), the rest wait held by the kernel at threshold/N; the line longer
+    than MAX_WAITING loses its oldest, and their holds.  A heavy client flagged later is still
+    adopted, and throttled, once the line has reached it."""
+    monkeypatch.setattr(client_rules, "MAX_WAITING", 6_000)
+    group = hosts(throttle_rule(), n=1)
+    dp, rules = group[0]
+    spray = [bytes([10, 0, i >> 8, i & 255]) for i in range(10_000)]
+    counted = []
+    read = dp.client_counts
+    dp.client_counts = lambda class_id, clients: counted.append(len(clients)) or read(class_id, clients)
+    dp.arrive(0.1, 3, dict.fromkeys(spray, 70_000))    # each over the line (62,500 bytes: n = 1)
+    rules.tick(0.1, 1, 1.0)
+    cr = rules.get("gold")
+    assert counted == [client_rules.ADOPT_PER_TICK]
+    assert len(cr.waiting) == 6_000 and dp.holds[3] == set(cr.waiting)    # the rest's holds went
+    assert len(dp.limits[3]) == client_rules.ADOPT_PER_TICK
+    now = 0.1
+    dp.arrive(now + INTERVAL, 3, {HEAVY: 300_000})     # a real heavy client, behind the line
+    for _ in range(40):
+        now += INTERVAL
+        dp.arrive(now, 3, {HEAVY: 300_000} if now > 0.15 else {})
+        followed = len(cr.table.wanted())
+        rules.tick(now, 1, 1.0)
+        assert counted[-1] <= client_rules.ADOPT_PER_TICK + followed + 1
+        if not cr.waiting:
+            break
+    assert not cr.waiting and HEAVY in dp.limits[3]
+    top = rules.listing(None, now, None)[0]["clients"][0]
+    assert (top["client"], top["state"]) == ("198.51.100.7/32", "throttled")
+    # a client is followed until its sliding count fades: two 1-s windows, 20 ticks of adoptions
+    assert max(counted) <= 21 * client_rules.ADOPT_PER_TICK + 1
 
 
 def test_a_ban_reaches_every_host_and_unban_lifts_it_everywhere():
