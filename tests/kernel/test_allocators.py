@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from drl.lab.agents import Cluster
+from drl.lab.agents import Cluster, ready
 from drl.lab.measure import rx_bytes, sink_rate_bps
 from drl.lab.metrics import within
 from drl.lab.netns import stop
@@ -128,18 +128,22 @@ def test_dqmp_stops_the_class_when_the_volume_quota_is_used_up(make_star, tmp_pa
     assert sum(a.status()["passed_bytes"] for a in running) <= quota + burst
 
 
-@pytest.mark.parametrize("mode, expected_bps", [("pessimistic", 0.0), ("optimistic", 3e6), ("safe", 4e6)])
-def test_lease_clients_apply_their_loss_mode_when_the_server_dies(make_star, tmp_path, mode, expected_bps):
-    net = make_star(4)
-    limiters, sink = net.hosts[:3], net.hosts[3]
-    agents = Cluster(net, tmp_path)
+def test_lease_clients_apply_their_loss_mode_when_the_server_dies(make_star, tmp_path):
+    """One lease server and three clients, one per loss mode, each loaded with 2.8 Mbit/s: the
+    server is killed and, once each lease has expired, pessimistic holds 0, optimistic what it
+    last asked for (~3 Mbit/s), safe global/N (12 Mbit/s over the 4 limiters)."""
+    net = make_star(5)
+    limiters, sink = net.hosts[:4], net.hosts[4]
+    cluster = Cluster(net, tmp_path)
+    modes = {"pessimistic": 0.0, "optimistic": 3e6, "safe": 3e6}
     # proto=udp: a pessimistic client drops its whole class, and iperf3's TCP control
     # connection must still deliver the report after the test has read the states
-    server, *clients = agents.start_mesh(limiters, "lease", "12mbit", "--on-lease-loss", mode,
-                                         "--class", "proto=udp")
-    with iperf3_server(sink) as s1, iperf3_server(sink) as s2:
-        loads = [iperf3_start(h, s, seconds=16, udp_bps=2.8e6, length=1200)
-                 for h, s in zip(limiters[1:], (s1, s2))]
+    server, *clients = ready([cluster.spawn(h, [p for p in limiters if p is not h], "lease", "12mbit",
+                                            "--on-lease-loss", mode, "--class", "proto=udp")
+                              for h, mode in zip(limiters, ["safe", *modes])])
+    servers = [iperf3_server(sink) for _ in clients]
+    try:
+        loads = [iperf3_start(h, s, seconds=16, udp_bps=2.8e6, length=1200) for h, s in zip(limiters[1:], servers)]
         time.sleep(4)
         assert all(c.status()["allocator_state"]["lease_state"] == "valid" for c in clients)
         server.kill(signal.SIGKILL)
@@ -148,12 +152,16 @@ def test_lease_clients_apply_their_loss_mode_when_the_server_dies(make_star, tmp
         states = [c.wait_for(_expired, max(0.0, killed + 5 + 2 - time.monotonic())) for c in clients]
         for load in loads:
             load.stop()
-    for st in states:
-        assert st["allocator_state"]["lease_state"] == "expired", st["allocator_state"]
+    finally:
+        for s in servers:
+            s.__exit__()
+    for (mode, expected_bps), st in zip(modes.items(), states):
+        assert st["allocator_state"]["lease_state"] == "expired", (mode, st["allocator_state"])
+        assert st["allocator_state"]["on_lease_loss"] == mode
         if expected_bps == 0.0:
-            assert st["local_limit_bps"] == 0.0
+            assert st["local_limit_bps"] == 0.0, mode
         else:
-            assert within(st["local_limit_bps"], expected_bps, 0.15), st["local_limit_bps"]
+            assert within(st["local_limit_bps"], expected_bps, 0.15), (mode, st["local_limit_bps"])
 
 
 def _expired(status: dict) -> bool:
