@@ -117,12 +117,13 @@ from drl.agent.model import Decision, Envelope, Mode, Report, Snapshot, Step
 from .common import ParameterError, check_range
 from .graph import Graph
 from .endowment import claim_endowments, heir, heir_watch, owed_amount, return_endowments, share, start_elsewhere
-from .transfer import Ledger, follow_members, is_alive, link_info, note_lives, receive, retransmit, send, settle_failed
+from .transfer import (Ledger, follow_members, is_alive, is_down, link_info, note_lives, receive, retransmit, send,
+                       settle_failed)
 
 
 PARTS = 10**9       # C in ledger units: 12.5 B/s a part at 100 Gbit/s, finer below
-# A rejoiner asks its best friend for its share; a best friend that holds none of it says
-# so ("Rejoin" in the module docstring).  Both are a Report with consumed=0 (no return),
+# A rejoiner asks the members up for its share; each that holds none of it says so ("Rejoin" in
+# the module docstring, _whole_restart).  Both are a Report with consumed=0 (no return),
 # told apart by ``free``.
 ASK_SHARE, NOTHING_HELD = 1.0, 2.0
 # The default eta, 1/(2d), is a step per ETA_PER_S of ticks (module docstring, "eta").
@@ -157,6 +158,7 @@ class DiffusionState:
     returned: int = 0               # of that share, what has come back so far
     known_lives: frozenset[str] = frozenset()   # members whose earlier life this one saw end
     started_elsewhere: frozenset[str] = frozenset()   # members down behind us when we started
+    cleared: frozenset[str] = frozenset()   # a rejoiner: members that said they hold none of its share
 
 
 @dataclass(frozen=True)
@@ -317,29 +319,42 @@ def _whole_restart(alloc: Gdrl, state: DiffusionState, led: Ledger, snap: Snapsh
     """A share nobody holds: after a restart of every node (or of a node and its best friend)
     no live node inherited the rejoiners' shares, and they would wait for returns nobody
     owes (the whole class held 1 % of its limit).  A rejoiner still short of its share asks
-    its best friend every tick; a best friend that never claimed it, never saw an earlier
-    life of it (it would have claimed that life's share, and returns it as usual) and did
-    not start with it down behind (then its own best friend may hold it) answers that it
-    holds nothing of it, and the rejoiner takes its share (with those it found down behind
-    it) itself.  A return arriving later is dropped by _credit_return's cap: below C,
-    never above."""
+    every founder that is up, every tick until each has answered; one that holds none of it
+    (``_holds_share_of``) says so, and once every one has, the rejoiner takes its share (with
+    those it found down behind it) itself.  Every founder, not only its best friend: when a
+    node and its best friend were down together, the next one up holds both shares, and
+    the best friend, back as well, cannot know it (it answered for a share still held, and
+    the live nodes held 7/6 of C until the holder's return was paid).  A return arriving
+    later is dropped by _credit_return's cap: below C, never above."""
     genesis, me, dead = state.genesis, state.node_id, alloc.dead_after_s
     out: list[Envelope] = []
     for env in snap.inbox:
         body = env.body
         if not isinstance(body, Report) or body.consumed != 0 or env.src not in genesis:
             continue
-        if body.free == ASK_SHARE and heir(genesis, env.src, snap.view, dead, me) == me \
-                and env.src not in led.claimed | led.owed | state.known_lives | state.started_elsewhere:
+        if body.free == ASK_SHARE and not _holds_share_of(state, led, env.src, snap, dead):
             out.append(Envelope(Report(consumed=0, free=NOTHING_HELD), dst=env.src))
-        elif body.free == NOTHING_HELD and state.rejoined and env.src == heir(genesis, me, snap.view, dead, me):
-            expected = sum(share(total, genesis, m) for m in {me} | led.elsewhere)
+        elif body.free == NOTHING_HELD and state.rejoined:
+            state = dataclasses.replace(state, cleared=state.cleared | {env.src})
+    expected = sum(share(total, genesis, m) for m in {me} | led.elsewhere)
+    if state.rejoined and state.returned < expected:
+        asked = [m for m in genesis if m != me and m not in state.cleared and not is_down(snap.view, m, dead)]
+        if asked:
+            out += [Envelope(Report(consumed=0, free=ASK_SHARE), dst=m) for m in asked]
+        else:
             state, led = _credit_return(state, led, expected - state.returned, total)
-    if state.rejoined and state.returned < sum(share(total, genesis, m) for m in {me} | led.elsewhere):
-        friend = heir(genesis, me, snap.view, dead, me)
-        if friend not in (None, me):
-            out.append(Envelope(Report(consumed=0, free=ASK_SHARE), dst=friend))
     return state, led, out
+
+
+def _holds_share_of(state: DiffusionState, led: Ledger, node: str, snap: Snapshot, dead_after_s: float) -> bool:
+    """Whether we hold (or may yet return) some of ``node``'s share: we claimed it or owe it;
+    or we are its best friend and saw an earlier life of it end (we claim and return that
+    life's share as usual) or started with it down behind us (our own best friend may
+    hold it)."""
+    if node in led.claimed | led.owed:
+        return True
+    return heir(state.genesis, node, snap.view, dead_after_s, state.node_id) == state.node_id \
+        and node in state.known_lives | state.started_elsewhere
 
 
 def _credit_return(state: DiffusionState, led: Ledger, returned: int,

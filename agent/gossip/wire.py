@@ -9,12 +9,16 @@
     <Reason.FORGED: 'forged'>
 
 A datagram is the serialized ``Datagram``, then, with per-node keys (``identity``, agent/gossip/signing.py),
-the sender's Ed25519 signature over it (64 bytes), then HMAC-SHA256 over all that with the
-cluster key (``key=None``: no tag; the explicit insecure mode when there is no signature either).
-With per-node keys ``decode`` is given the public keys of each node id (``keys``) and accepts a
-datagram only if its signature verifies under one of those of the node its header names:
-``bad_signature`` when none does, ``unknown_key`` for a node with none.  The cluster key's
-MAC, when there is one, is checked first and costs ~3 us; a signature ~60-190 us.
+the sender's Ed25519 signature over it (64 bytes) or, once the two ends share a pair key
+(``pair``, agent/gossip/pairs.py), HMAC-SHA256 over it with that key (32 bytes), then one byte
+saying which (SIGNED, PAIRED), then HMAC-SHA256 over all that with the cluster key
+(``key=None``: no tag; the explicit insecure mode when there is no signature either).
+With per-node keys ``decode`` is given the public keys of each node id (``keys``) and the pair
+key shared with each (``pairs``) and accepts a datagram only if its signature verifies under
+one of those of the node its header names (``bad_signature`` when none does, ``unknown_key``
+for a node with none) or its pair MAC under the key shared with that node (``bad_pair_mac``
+otherwise).  The cluster key's MAC, when there is one, is checked first and costs ~3 us, as
+a pair MAC does; a signature ~60-190 us.
 ``decode`` never raises: bad input comes back as a :class:`Reason`, which the
 receive path counts (agent/gossip/core.py ``Stats.rejected``).  Every number a
 datagram carries is checked against agent/units.py's bounds before anything
@@ -50,17 +54,21 @@ from google.protobuf.message import DecodeError
 
 from drl.agent.gossip import drl_pb2
 from drl.agent.gossip.signing import SIG_BYTES, Ed25519PrivateKey, Ed25519PublicKey, verify
+from drl.agent.gossip.pairs import X25519_BYTES
 from drl.agent import units
 from drl.agent.clients.reports import BanNote, ClientReport, report_bytes
 from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
-# 6: the per-node signature between the Datagram and the MAC (a version 5 agent would read it
+# 7: per-node keys' pair MACs and Hello, and the byte after the signature saying which (a version 6
+# agent would take that byte for the signature's last); 6: the per-node signature between the Datagram and the MAC (a version 5 agent would read it
 # as part of the Datagram); 5: the sum tree's Sums (a limiter of version 4 would never answer one, and its value would be
 # missing from every total); 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one
 # as the other, so they refuse each other's datagrams); 2: every class's value in a Batch (1: one
 # Update datagram per class)
-VERSION = 6
+VERSION = 7
 TAG_BYTES = 32            # full HMAC-SHA256, untruncated: security first
+SIGNED, PAIRED = 1, 2     # per-node keys: the last byte before the cluster MAC, what precedes it
+AUTH_BYTES = SIG_BYTES + 1   # the most per-node keys add to a datagram
 MAX_DATAGRAM = 1200       # fits the IPv6 minimum MTU (1280) with IP+UDP headers, so never fragmented
 MAX_SUM_NODES = 1 << 20   # limiters a Sums may count: far above any cluster, far below overflow
 # The largest magnitude of a published value (units.MAX_AMOUNT, 2^53: the bound of a weight or an
@@ -77,6 +85,7 @@ class Reason(str, enum.Enum):
     FORGED = "forged"                  # MAC does not verify (wrong key, tampering)
     UNKNOWN_KEY = "unknown_key"        # per-node keys: no public key for the node id in the header
     BAD_SIGNATURE = "bad_signature"    # per-node keys: verifies under none of that node's keys
+    BAD_PAIR_MAC = "bad_pair_mac"      # per-node keys: no pair key shared with that node verifies it
     OVER_BUDGET = "over_budget"        # per-node keys: its address failed too many verifications lately (core)
     GARBAGE = "garbage"                # authenticated (or insecure) but not a well-formed Datagram
     OUT_OF_RANGE = "out_of_range"      # well-formed, but a number outside its bounds (agent/units.py)
@@ -160,7 +169,17 @@ class Sums:
     summers: tuple[str, ...] = ()                   # PARTIAL: the summers the sender knows of
 
 
-Payload = Union[Batch, ClientReports, Sums, Body]
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Per-node keys' key agreement (agent/gossip/pairs.py): the sender's X25519 public key,
+    the receiver's as the sender holds it (b"": none), and whether the sender has heard that
+    the receiver holds the sender's."""
+    key: bytes
+    knows: bytes = b""
+    ok: bool = False
+
+
+Payload = Union[Batch, ClientReports, Sums, Hello, Body]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +197,12 @@ _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 _KIND_OF[Batch] = "batch"
 _KIND_OF[ClientReports] = "client_reports"
 _KIND_OF[Sums] = "sums"
+_KIND_OF[Hello] = "hello"
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 _HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(Header))
 
 
-@functools.lru_cache(maxsize=8)       # a key and, across a reload, its successor
+@functools.lru_cache(maxsize=4096)    # the cluster key (and its successor across a reload), each peer's pair key
 def _keyed(key: bytes):
     return hmac.new(key, digestmod="sha256")
 
@@ -195,9 +215,10 @@ def _tag(key: bytes, body: bytes) -> bytes:
     return mac.digest()
 
 
-def encode(msg: Message, key: bytes | None, identity: Ed25519PrivateKey | None = None) -> bytes:
-    """Serialize and authenticate ``msg``: signed with ``identity``, then MACed with ``key``;
-    neither only in insecure mode."""
+def encode(msg: Message, key: bytes | None, identity: Ed25519PrivateKey | None = None,
+           pair: bytes | None = None) -> bytes:
+    """Serialize and authenticate ``msg``: MACed with the ``pair`` key shared with the receiver,
+    else signed with ``identity``, then MACed with ``key``; none only in insecure mode."""
     dg = drl_pb2.Datagram()
     for name in _HEADER_FIELDS:
         setattr(dg.header, name, getattr(msg.header, name))
@@ -211,11 +232,15 @@ def encode(msg: Message, key: bytes | None, identity: Ed25519PrivateKey | None =
             _fill_report(sub.reports.add(), entry)
     elif cls is Sums:
         _fill_sums(sub, msg.payload)
+    elif cls is Hello:
+        sub.key, sub.knows, sub.ok = msg.payload.key, msg.payload.knows, msg.payload.ok
     for name in _FIELDS.get(cls, ()):
         setattr(sub, name, getattr(msg.payload, name))
     body = dg.SerializeToString()
-    if identity is not None:
-        body += identity.sign(body)
+    if pair is not None:
+        body += _tag(pair, body) + bytes((PAIRED,))
+    elif identity is not None:
+        body += identity.sign(body) + bytes((SIGNED,))
     return body if key is None else body + _tag(key, body)
 
 
@@ -244,18 +269,24 @@ def _proto(body: bytes):
     return dg
 
 
-def _signed(body: bytes, keys: Callable[[str], Sequence[Ed25519PublicKey]]):
-    """The parsed Datagram whose signature verifies under a key of the node it names."""
-    if len(body) <= SIG_BYTES:
-        return Reason.TRUNCATED
-    body, sig = body[:-SIG_BYTES], body[-SIG_BYTES:]
+def _signed(body: bytes, keys: Callable[[str], Sequence[Ed25519PublicKey]],
+            pairs: Callable[[str], bytes | None]):
+    """The parsed Datagram whose pair MAC verifies under the key shared with the node it
+    names, or whose signature under a key of that node's."""
+    size = {SIGNED: SIG_BYTES, PAIRED: TAG_BYTES}.get(body[-1] if body else 0)
+    if size is None or len(body) <= size + 1:
+        return Reason.TRUNCATED if size or not body else Reason.GARBAGE
+    body, auth, how = body[:-size - 1], body[-size - 1:-1], body[-1]
     dg = _proto(body)
     if isinstance(dg, Reason):
         return dg
+    if how == PAIRED:
+        pair = pairs(dg.header.node)
+        return dg if pair is not None and hmac.compare_digest(auth, _tag(pair, body)) else Reason.BAD_PAIR_MAC
     known = keys(dg.header.node)
     if not known:
         return Reason.UNKNOWN_KEY
-    return dg if verify(known, sig, body) else Reason.BAD_SIGNATURE
+    return dg if verify(known, auth, body) else Reason.BAD_SIGNATURE
 
 
 def _read(dg) -> Message | Reason:
@@ -266,6 +297,8 @@ def _read(dg) -> Message | Reason:
         payload = _read_reports(dg.client_reports)
     elif kind == "sums":
         payload = _read_sums(dg.sums)
+    elif kind == "hello":
+        payload = _read_hello(dg.hello)
     else:
         payload = _read_body(_KINDS[kind], getattr(dg, kind))
     header = Header(**{name: getattr(dg.header, name) for name in _HEADER_FIELDS})
@@ -292,6 +325,12 @@ def _read_body(cls: type, sub) -> Payload | Reason:
         if isinstance(v, float) and not (math.isfinite(v) and 0.0 <= v <= _BODY_BOUNDS[name]):
             return Reason.OUT_OF_RANGE
     return cls(*values)
+
+
+def _read_hello(sub) -> Hello | Reason:
+    if len(sub.key) != X25519_BYTES or len(sub.knows) not in (0, X25519_BYTES):
+        return Reason.GARBAGE
+    return Hello(sub.key, sub.knows, sub.ok)
 
 
 def _fill_batch(sub, batch: Batch) -> None:
@@ -494,13 +533,15 @@ def pack(values: list[ClassValue], limits: list[LimitNote], room: int) -> list[B
 
 
 def decode(data: bytes, key: bytes | None, cluster: str,
-           keys: Callable[[str], Sequence[Ed25519PublicKey]] | None = None) -> Message | Reason:
+           keys: Callable[[str], Sequence[Ed25519PublicKey]] | None = None,
+           pairs: Callable[[str], bytes | None] = lambda node: None) -> Message | Reason:
     """Verify and parse one datagram; never raises.  ``keys``: per-node keys, the public
-    keys of a node id (none: unknown).  Replays are SeqWindow's job."""
+    keys of a node id (none: unknown); ``pairs``: the pair key shared with a node id (None:
+    none yet).  Replays are SeqWindow's job."""
     body = _body(data, key)
     if isinstance(body, Reason):
         return body
-    dg = _proto(body) if keys is None else _signed(body, keys)
+    dg = _proto(body) if keys is None else _signed(body, keys, pairs)
     if isinstance(dg, Reason):
         return dg
     msg = _read(dg)

@@ -22,6 +22,8 @@ REJECT_HINTS = {"forged": "every agent of the cluster needs the same --key-file"
                 "wrong_cluster": "the sender belongs to another cluster",
                 "unknown_version": "the sender runs another wire version of drl",
                 "wrong_sender": "the sender uses a node id bound to another address",
+                "bad_pair_mac": "a peer or this agent restarted (the old pair key, for a few Hellos) "
+                                "or a forgery: not the pair key agreed with that node",
                 "out_of_range": "an authenticated sender sent a value outside its bounds "
                                 "(docs/config.md \"Bounds\"): a bug or a misbehaving key holder"}
 
