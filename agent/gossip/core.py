@@ -93,7 +93,8 @@ from drl.agent.gossip.lives import Lives
 from drl.agent.gossip.pairs import Pairs
 from drl.agent.gossip.signing import MAX_KEYS_PER_NODE, Ed25519PublicKey, NodeKeys, parse_public, public_text
 from drl.agent.gossip.wire import (AUTH_BYTES, MAX_DATAGRAM, Batch, ClassClients, ClassValue, Header, Hello, LimitNote,
-                                   Message, Payload, Reason, Sums, decode, encode, pack, pack_reports, pack_sums)
+                                   Message, Payload, Reason, Sums, decode, encode, pack, pack_reports, pack_sums,
+                                   signer)
 
 CLUSTER = "drl"     # one cluster per key; the header field keeps two keyed clusters apart on one port
 
@@ -144,13 +145,6 @@ class _Said:
 
 def _unsigned(key: int) -> bool:
     return False
-
-
-def _changed(old: Mapping[str, Sequence[Ed25519PublicKey]], new: Mapping[str, Sequence[Ed25519PublicKey]]) -> list[str]:
-    """The node ids whose public keys differ between ``old`` and ``new``."""
-    def texts(keys):
-        return [public_text(k) for k in keys]
-    return [node for node in old.keys() | new.keys() if texts(old.get(node, ())) != texts(new.get(node, ()))]
 
 
 def new_incarnation() -> int:
@@ -313,12 +307,15 @@ class GossipCore:
     def set_keys(self, keys: NodeKeys) -> None:
         """Per-node keys re-read (a reload): signed with the new identity from now on, verified
         under the new peer keys (a rotation lists a node's old and new key while it changes).
-        What was agreed with a node whose keys changed is forgotten (pairs.py)."""
+        A pair whose Hello verified under a key no longer listed ends; a new identity of ours
+        says Hello to every peer again, signed with it (pairs.py)."""
         old, self.keys = self.keys, keys
         if self.pairs is None:
             self.pairs = Pairs(self.cluster, self.node_id)
-        elif old is not None:
-            self.pairs.forget(_changed(old.peers, keys.peers))
+            return
+        self.pairs.retire(self._listed)
+        if old is None or public_text(old.identity) != public_text(keys.identity):
+            self.pairs.renew()
 
     def set_registry_keys(self, published: Mapping[str, Sequence[str]]) -> None:
         """The public keys the registry's members publish (node id -> base64 texts); one that
@@ -332,13 +329,16 @@ class GossipCore:
                 except ValueError:
                     continue
             out[node] = tuple(parsed)
-        old, self._registry_keys = self._registry_keys, out
+        self._registry_keys = out
         if self.pairs is not None:
-            self.pairs.forget(_changed(old, out))
+            self.pairs.retire(self._listed)
 
     def keys_of(self, node: str) -> tuple[Ed25519PublicKey, ...]:
         """The public keys ``node`` may sign with: the peer keys file's, else the registry's."""
         return self.keys.peers.get(node) or self._registry_keys.get(node, ())
+
+    def _listed(self, node: str) -> list[str]:
+        return [public_text(k) for k in self.keys_of(node)]
 
     def set_peers(self, peers: Sequence[Addr], names: Mapping[Addr, str] | None = None,
                   timeout_s: float | None = None) -> None:
@@ -587,11 +587,17 @@ class GossipCore:
         self.stats.received_bytes += len(data)
         self.stats.lost += gap
         if isinstance(msg.payload, Hello):
-            hello = msg.payload
-            if self.pairs is not None and not self.pairs.heard(h.node, hello.key, hello.knows, hello.ok):
-                self.stats.rejected[Reason.GARBAGE.value] += 1      # authentic, but no key to agree on
+            self._hello(h.node, msg.payload, data)
             return None
         return Received(h, msg.payload, addr, max(gap, 0))
+
+    def _hello(self, node: str, hello: Hello, data: bytes) -> None:
+        """A Hello accepted: its key, and which of the node's Ed25519 keys it verified under."""
+        if self.pairs is None:
+            return
+        by = signer(data, self.key, self.keys_of(node))
+        if not self.pairs.heard(node, hello.key, hello.knows, hello.ok, by and public_text(by)):
+            self.stats.rejected[Reason.GARBAGE.value] += 1      # authentic, but no key to agree on
 
     def _budget(self, addr: Addr, now: float) -> float:
         """Failed verifications ``addr`` may still cost now: a bucket of VERIFY_FAILURES_PER_S,

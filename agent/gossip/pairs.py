@@ -2,7 +2,7 @@
 
     pairs = Pairs("drl", "h1")                   # a fresh X25519 key pair for this life
     hello = pairs.hello(addr, "h2", now)         # a Hello due to h2 (sent signed), or None
-    pairs.heard("h2", hello_from_h2)             # a Hello from h2, accepted (signature verified)
+    pairs.heard("h2", key, knows, ok, signer)    # a Hello from h2, accepted; signer: the key it verified under
     pairs.sending_key("h2")                      # the key to MAC what we send h2, once it holds ours
     pairs.key("h2")                              # the key h2's datagrams are checked with
 
@@ -27,14 +27,16 @@ its sender has heard that much from the receiver (``ok``), so both ends know whe
 Hello goes to a peer whenever what it would say changed, and once a second while the pair is
 not settled both ways.  A restart makes a new key pair: the peers hear its Hello, stop MACing
 with the old key (a datagram under it is ``bad_pair_mac``, as one from a life it no longer
-has would be ``other_life``) and agree on the new one within a few Hellos.  A change of a
-node's Ed25519 keys (a reload, the registry) forgets what was agreed with that node, so a
-retired key stops working for pair MACs too.
+has would be ``other_life``) and agree on the new one within a few Hellos.  A pair is kept
+while the Ed25519 key its latest Hello verified under is listed for its node: a key retired
+(a reload, the registry) ends the pairs it made, so whoever held it cannot go on with a pair
+key either.  A rotation keeps them: the node's reload with its new identity sends every peer
+a Hello signed with it (``renew``), so once the old key goes the pairs are the new key's.
 """
 from __future__ import annotations
 
 import math
-from typing import Hashable, Iterable
+from typing import Callable, Hashable, Iterable
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -46,11 +48,12 @@ HELLO_RETRY_S = 1.0     # a Hello again, while the pair is not settled both ways
 
 class _Peer:
     """What we hold of one peer: its public key, the pair key, and what its last Hello said."""
-    __slots__ = ("theirs", "key", "holds_ours", "ok")
+    __slots__ = ("theirs", "key", "holds_ours", "ok", "signer")
 
     def __init__(self, theirs: bytes, key: bytes) -> None:
         self.theirs, self.key = theirs, key
         self.holds_ours = self.ok = False
+        self.signer: str | None = None      # the Ed25519 key (public_text) its latest signed Hello verified under
 
 
 class Pairs:
@@ -84,9 +87,10 @@ class Pairs:
             return say
         return None
 
-    def heard(self, node: str, key: bytes, knows: bytes, ok: bool) -> bool:
-        """A Hello ``node`` sent, accepted (authenticated as ``node``'s, not a replay); False when
-        its key cannot make a shared secret (a low-order point), which then changes nothing."""
+    def heard(self, node: str, key: bytes, knows: bytes, ok: bool, signer: str | None) -> bool:
+        """A Hello ``node`` sent, accepted (authenticated as ``node``'s, not a replay); ``signer``:
+        the Ed25519 key it verified under (None: it came under the pair key).  False when its
+        key cannot make a shared secret (a low-order point), which then changes nothing."""
         peer = self._peers.get(node)
         if peer is None or peer.theirs != key:
             pair = self._derive(node, key)
@@ -94,12 +98,18 @@ class Pairs:
                 return False
             peer = self._peers[node] = _Peer(key, pair)
         peer.holds_ours, peer.ok = knows == self.public, ok
+        peer.signer = signer or peer.signer
         return True
 
-    def forget(self, nodes: Iterable[str] | None = None) -> None:
-        """What was agreed with ``nodes`` (None: everyone) goes: their Ed25519 keys changed."""
-        for node in list(self._peers) if nodes is None else nodes:
-            self._peers.pop(node, None)
+    def retire(self, listed: Callable[[str], Iterable[str]]) -> None:
+        """The keys listed for each node changed: a pair whose signer is no longer among
+        ``listed(node)`` (public_text) ends."""
+        for node in [n for n, p in self._peers.items() if p.signer not in set(listed(n))]:
+            del self._peers[node]
+
+    def renew(self) -> None:
+        """Our own Ed25519 key changed: every peer gets a Hello signed with the new one."""
+        self._said.clear()
 
     def paired(self) -> int:
         """Peers we MAC for and that MAC for us."""

@@ -289,6 +289,16 @@ def _signed(body: bytes, keys: Callable[[str], Sequence[Ed25519PublicKey]],
     return dg if verify(known, auth, body) else Reason.BAD_SIGNATURE
 
 
+def signer(data: bytes, key: bytes | None, keys: Sequence[Ed25519PublicKey]) -> Ed25519PublicKey | None:
+    """Which of ``keys`` a signed datagram, decoded already, verifies under (None: none, or it
+    came under a pair key): a Hello's, whose pairs last while that key is listed."""
+    body = data if key is None else data[:-TAG_BYTES]
+    if len(body) <= SIG_BYTES + 1 or body[-1] != SIGNED:
+        return None
+    body, sig = body[:-SIG_BYTES - 1], body[-SIG_BYTES - 1:-1]
+    return next((k for k in keys if verify((k,), sig, body)), None)
+
+
 def _read(dg) -> Message | Reason:
     kind = dg.WhichOneof("payload")
     if kind == "batch":

@@ -10,6 +10,8 @@ agent keeps gossiping).
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -94,6 +96,7 @@ def test_per_node_keys_hold_the_limit_refuse_a_host_forging_another_and_rotate_b
         reload(a)
     write_identity(tmp_path / "h2.key", new)
     reload(a2)
+    time.sleep(1.0)         # the overlap: h2's Hellos under the new key reach its peers (pairs.py)
     write_peer_keys(peers_file, {"h1": [keys["h1"]], "h2": [new], "h3": [keys["h3"]]})
     for a in (a1, a3):
         reload(a)

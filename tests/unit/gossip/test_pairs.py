@@ -114,7 +114,7 @@ def test_a_node_whose_ed25519_key_is_dropped_loses_its_pair_key_too():
     cores = {"a": core("a"), "b": core("b")}
     _, now = rounds(cores, 5)
     b = cores["b"]
-    b.set_keys(NodeKeys(IDS["b"], {}))                    # a retired: the peer keys file lists it no more
+    b.set_keys(NodeKeys(IDS["b"], {"a": (IDS["c"].public_key(),)}))   # a's key retired for another
     assert b.pairs.key("a") is None
     for addr, data in cores["a"].publish(CLASSES, now + 0.1):
         assert b.receive(data, "A", now + 0.1) is None
@@ -125,9 +125,26 @@ def test_a_node_whose_ed25519_key_is_dropped_loses_its_pair_key_too():
     assert unchanged["b"].pairs.paired() == 1
 
 
+def test_a_rotation_by_reloads_keeps_the_pair_and_refuses_nothing():
+    """b lists a's new key beside the old, a reloads with the new identity (a Hello to every
+    peer, signed with it), b drops the old key: the pair was the new key's by then."""
+    cores = {"a": core("a"), "b": core("b")}
+    _, now = rounds(cores, 5)
+    new = Ed25519PrivateKey.generate()
+    both = {**PUB, "a": (PUB["a"][0], new.public_key())}
+    cores["b"].set_keys(NodeKeys(IDS["b"], both))
+    cores["a"].set_keys(NodeKeys(new, dict(PUB)))
+    seen, now = rounds(cores, 2, now)
+    assert SIGNED in seen                                 # the Hellos under the new key
+    cores["b"].set_keys(NodeKeys(IDS["b"], {**PUB, "a": (new.public_key(),)}))
+    seen, _ = rounds(cores, 5, now)
+    assert cores["b"].pairs.paired() == 1 and set(seen[-4:]) == {PAIRED}
+    assert not cores["b"].stats.rejected and not cores["a"].stats.rejected
+
+
 def test_a_low_order_key_agrees_on_nothing():
     pairs = Pairs("drl", "b")
-    assert not pairs.heard("a", b"\0" * 32, b"", False)
+    assert not pairs.heard("a", b"\0" * 32, b"", False, None)
     assert pairs.key("a") is None
 
 
