@@ -202,11 +202,29 @@ def stop(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
     """SIGTERM (agents detach cleanly on it), then SIGKILL after ``timeout_s``."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+        if not _reaped(proc, timeout_s):
             proc.kill()
-            proc.wait()
+            _reaped(proc, timeout_s)
+
+
+def _reaped(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether ``proc`` has exited within ``timeout_s``, reaped.  A Ctrl-C that interrupted an
+    earlier wait can leave the Popen's waitpid lock held (CPython's ``with`` may not release
+    a lock when a signal's exception lands right after acquire, bpo-29988): every later
+    ``wait()`` would block on it for ever (a CI run's teardown hung 11 min) and each timed
+    one only time out, so the pid is reaped here directly."""
+    try:
+        proc.wait(timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        pid, status = os.waitpid(proc.pid, os.WNOHANG)
+    except ChildProcessError:          # reaped already
+        return True
+    if pid:
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return bool(pid)
 
 
 def remove_run(run: str) -> None:
