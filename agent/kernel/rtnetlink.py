@@ -111,15 +111,19 @@ def has_children(sock: socket.socket, ifindex: int) -> bool:
 
 
 RTMGRP_LINK = 0x1     # rtnetlink's multicast group of link events (RTM_NEWLINK, RTM_DELLINK)
+RTMGRP_TC = 0x8       # and of tc events (qdiscs, classes, filters added, changed or deleted)
 
 
 def link_events() -> socket.socket:
-    """A non-blocking socket of this namespace's link events: readable when an interface is
-    made, changed or deleted (the agent's loop then checks its filter at once, not at the next
-    tick: an interface made again passes everything until our filter is on it)."""
+    """A non-blocking socket of this namespace's link and tc events: readable when an interface
+    is made, changed or deleted, or a qdisc, class or filter changes (the agent's loop then
+    checks its filter at once, not at the next tick: an interface made again passes
+    everything until our filter is on it, and so does one where another filter was put ahead
+    of ours: a CI run's TCP sent 2.6 MB over the limit in the 0.1 s before a tick moved ours
+    back ahead)."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, socket.NETLINK_ROUTE)
     try:
-        sock.bind((0, RTMGRP_LINK))
+        sock.bind((0, RTMGRP_LINK | RTMGRP_TC))
     except OSError:
         sock.close()
         raise

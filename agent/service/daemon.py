@@ -242,10 +242,11 @@ class Agent:
         return sel, watch_signals(sel, self._stack, stop=self._stop, reload=self._reload_notified)
 
     def _link_changed(self, links: socket.socket) -> None:
-        """An interface was made, changed or deleted: is our filter (and HTB root) still there?
-        An interface deleted and made again under our name is attached to within milliseconds
-        of its making, before whoever makes it has added its addresses and routes, instead of
-        at the next tick, up to an interval during which it passes everything unpoliced."""
+        """An interface, qdisc or filter was made, changed or deleted: is our filter (and HTB
+        root) still there, and ahead of every other?  An interface deleted and made again under
+        our name is attached to within milliseconds of its making, before whoever makes it has
+        added its addresses and routes, and a filter put ahead of ours is passed again as soon,
+        instead of at the next tick, up to an interval during which it passes everything."""
         if rtnetlink.drain(links):
             self.dp.ensure_attached()
             self.shaper.ensure_attached()
