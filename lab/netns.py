@@ -211,8 +211,8 @@ def _reaped(proc: subprocess.Popen, timeout_s: float) -> bool:
     """Whether ``proc`` has exited within ``timeout_s``, reaped.  A Ctrl-C that interrupted an
     earlier wait can leave the Popen's waitpid lock held (CPython's ``with`` may not release
     a lock when a signal's exception lands right after acquire, bpo-29988): every later
-    ``wait()`` would block on it for ever (a CI run's teardown hung 11 min) and each timed
-    one only time out, so the pid is reaped here directly."""
+    ``wait()`` would block on it for ever and each timed one only time out, so the pid is
+    reaped here directly."""
     try:
         proc.wait(timeout_s)
         return True

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole suite as CI runs it (.ci/run), as root: the kernel tests one after another, and
 # beside them, at nice 19, the unit and simulator tests.  The kernel tests wait on real
-# TCP and timers most of the time (a serial run used 16 min of CPU in 39 min); at nice 19
+# TCP and timers most of the time (a serial run keeps less than half of one core busy); at nice 19
 # the others take only the CPU those leave, so the kernel tests see an idle core as before,
 # and the fast set's 5-s guard reads CPU time there (DRL_FAST_CLOCK, tests/conftest.py).
 # Arguments go to both pytest runs.  `pytest -q` alone still runs everything, one by one.

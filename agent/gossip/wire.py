@@ -59,9 +59,9 @@ from drl.agent import units
 from drl.agent.clients.reports import BanNote, ClientReport, report_bytes
 from drl.agent.model import Body, LeaseGrant, LeaseRequest, Report, Transfer, TransferAck
 
-# 7: per-node keys' pair MACs and Hello, and the byte after the signature saying which (a version 6
-# agent would take that byte for the signature's last); 6: the per-node signature between the Datagram and the MAC (a version 5 agent would read it
-# as part of the Datagram); 5: the sum tree's Sums (a limiter of version 4 would never answer one, and its value would be
+# 7: per-node keys' pair MACs and Hello, and the byte after the signature saying which (a
+# version 6 agent would take that byte for the signature's last); 6: the per-node signature
+# between the Datagram and the MAC (a version 5 agent would read it as part of the Datagram); 5: the sum tree's Sums (a limiter of version 4 would never answer one, and its value would be
 # missing from every total); 3: gdrl/fillratio transfers count parts of the global limit (2: B/s; a mixed cluster would read one
 # as the other, so they refuse each other's datagrams); 2: every class's value in a Batch (1: one
 # Update datagram per class)
@@ -269,14 +269,22 @@ def _proto(body: bytes):
     return dg
 
 
+def _split_auth(body: bytes) -> tuple[bytes, bytes, int] | Reason:
+    """Per-node keys' trailer: (Datagram bytes, signature or pair MAC, SIGNED or PAIRED)."""
+    size = {SIGNED: SIG_BYTES, PAIRED: TAG_BYTES}.get(body[-1] if body else 0)
+    if size is None or len(body) <= size + 1:
+        return Reason.TRUNCATED if size or not body else Reason.GARBAGE
+    return body[:-size - 1], body[-size - 1:-1], body[-1]
+
+
 def _signed(body: bytes, keys: Callable[[str], Sequence[Ed25519PublicKey]],
             pairs: Callable[[str], bytes | None]):
     """The parsed Datagram whose pair MAC verifies under the key shared with the node it
     names, or whose signature under a key of that node's."""
-    size = {SIGNED: SIG_BYTES, PAIRED: TAG_BYTES}.get(body[-1] if body else 0)
-    if size is None or len(body) <= size + 1:
-        return Reason.TRUNCATED if size or not body else Reason.GARBAGE
-    body, auth, how = body[:-size - 1], body[-size - 1:-1], body[-1]
+    split = _split_auth(body)
+    if isinstance(split, Reason):
+        return split
+    body, auth, how = split
     dg = _proto(body)
     if isinstance(dg, Reason):
         return dg
@@ -292,10 +300,10 @@ def _signed(body: bytes, keys: Callable[[str], Sequence[Ed25519PublicKey]],
 def signer(data: bytes, key: bytes | None, keys: Sequence[Ed25519PublicKey]) -> Ed25519PublicKey | None:
     """Which of ``keys`` a signed datagram, decoded already, verifies under (None: none, or it
     came under a pair key): a Hello's, whose pairs last while that key is listed."""
-    body = data if key is None else data[:-TAG_BYTES]
-    if len(body) <= SIG_BYTES + 1 or body[-1] != SIGNED:
+    split = _split_auth(data if key is None else data[:-TAG_BYTES])
+    if isinstance(split, Reason) or split[2] != SIGNED:
         return None
-    body, sig = body[:-SIG_BYTES - 1], body[-SIG_BYTES - 1:-1]
+    body, sig, _ = split
     return next((k for k in keys if verify((k,), sig, body)), None)
 
 

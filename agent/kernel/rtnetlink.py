@@ -119,8 +119,7 @@ def link_events() -> socket.socket:
     is made, changed or deleted, or a qdisc, class or filter changes (the agent's loop then
     checks its filter at once, not at the next tick: an interface made again passes
     everything until our filter is on it, and so does one where another filter was put ahead
-    of ours: a CI run's TCP sent 2.6 MB over the limit in the 0.1 s before a tick moved ours
-    back ahead)."""
+    of ours, for as long as a TCP window takes to drain at line rate)."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, socket.NETLINK_ROUTE)
     try:
         sock.bind((0, RTMGRP_LINK | RTMGRP_TC))

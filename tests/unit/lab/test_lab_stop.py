@@ -1,5 +1,5 @@
 """lab/netns.py stop(): a child whose Popen's waitpid lock a Ctrl-C left held (CPython
-bpo-29988) is still stopped and reaped, in bounded time (a CI run's teardown hung on it)."""
+bpo-29988) is still stopped and reaped, in bounded time (teardown's wait() would block on it)."""
 from __future__ import annotations
 
 import subprocess
